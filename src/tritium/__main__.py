@@ -1,0 +1,5 @@
+"""``python -m tritium``."""
+
+from tritium.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""Responses and the channel that carries them from a model to a frontend.
+
+A ``ResponseStream`` has two halves. The send half (``send_nowait``) is called by
+model code on any thread; the receive half (``receive``) is awaited by a frontend on
+the event loop. A FINAL response closes the stream: later sends are refused, and once
+the stream was closed by a cancellation they are dropped quietly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.types import Tensor
+
+
+@dataclass(slots=True)
+class InferenceResponse:
+    outputs: list[Tensor] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    error: TritiumError | None = None
+    final: bool = True
+    # True for a FINAL flag sent without a response (decoupled models).
+    flag_only: bool = False
+
+    @classmethod
+    def final_flag(cls) -> InferenceResponse:
+        return cls(final=True, flag_only=True)
+
+    @classmethod
+    def failure(cls, error: TritiumError, final: bool = True) -> InferenceResponse:
+        return cls(error=error, final=final)
+
+
+class StreamClosedError(TritiumError):
+    def __init__(self) -> None:
+        super().__init__(ErrorCode.INTERNAL, "Response sender has been closed")
+
+
+class ResponseStream:
+    """Single-producer-at-a-time, single-consumer response channel across threads."""
+
+    __slots__ = ("_loop", "_items", "_waiter", "_wake_pending", "closed", "_cancelled",
+                 "_done_receiving")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._items: collections.deque[InferenceResponse] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._wake_pending = False
+        self.closed = False  # the send half saw FINAL (or a cancellation)
+        self._cancelled = False
+        self._done_receiving = False
+
+    # -- send half (any thread) ------------------------------------------------
+    def send_nowait(self, response: InferenceResponse) -> None:
+        if self.closed:
+            if self._cancelled:
+                return
+            raise StreamClosedError()
+        if response.final:
+            self.closed = True
+        self._items.append(response)
+        if not self._wake_pending:
+            self._wake_pending = True
+            if self._on_loop():
+                self._wake()
+            else:
+                self._loop.call_soon_threadsafe(self._wake)
+
+    def close_with(self, response: InferenceResponse) -> bool:
+        """Loop only: end the stream with ``response`` (an error, usually) and drop
+        whatever the model sends later. Returns False if it had already ended."""
+        if self.closed:
+            self._cancelled = True
+            return False
+        self._cancelled = True
+        self.send_nowait(response)
+        return True
+
+    # -- receive half (event loop) ---------------------------------------------
+    async def receive(self) -> InferenceResponse:
+        """The next response; the one with ``final`` set is the last."""
+        while not self._items:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def receive_nowait(self) -> InferenceResponse | None:
+        return self._items.popleft() if self._items else None
+
+    def __aiter__(self) -> ResponseStream:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        if self._done_receiving:
+            raise StopAsyncIteration
+        response = await self.receive()
+        if response.final:
+            self._done_receiving = True
+        return response
+
+    def _wake(self) -> None:
+        self._wake_pending = False
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False

@@ -1,0 +1,147 @@
+"""InferenceService: the one API every frontend (and BLS) calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from tritium.core.cancellation import Cancellation
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.model import (
+    IndexEntry,
+    ModelHandle,
+    ModelMetadata,
+    ModelRepository,
+    TensorMetadata,
+)
+from tritium.core.request import InferenceRequest
+from tritium.core.response import InferenceResponse, ResponseStream
+from tritium.core.validation import validate_request
+
+SERVER_NAME = "triton"
+SERVER_VERSION = "2.73.0"
+EXTENSIONS = ("model_repository", "model_configuration", "binary_tensor_data", "parameters")
+
+
+class InferenceService:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        loop: asyncio.AbstractEventLoop,
+        extensions: tuple[str, ...] = EXTENSIONS,
+    ):
+        self.repository = repository
+        self.loop = loop
+        self.extensions = extensions
+        self.accepting = True  # False once shutdown begins
+
+    # -- health and metadata ---------------------------------------------------
+    def is_live(self) -> bool:
+        return True
+
+    def is_ready(self) -> bool:
+        return self.accepting and self.repository.is_ready()
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(self.extensions)}
+
+    def model(self, name: str, version: int | None = None) -> ModelHandle:
+        return self.repository.resolve(name, version)
+
+    def model_ready(self, name: str, version: int | None = None) -> bool:
+        try:
+            return self.repository.resolve(name, version).is_ready()
+        except TritiumError:
+            return False
+
+    def model_metadata(self, name: str, version: int | None = None) -> ModelMetadata:
+        model = self.repository.resolve(name, version)
+        versions = [model.version] if version is not None else self.repository.ready_versions(name)
+        prefix = [-1] if model.max_batch_size > 0 else []
+        return ModelMetadata(
+            name=model.name,
+            versions=[str(v) for v in versions],
+            platform=model.platform,
+            inputs=[
+                TensorMetadata(s.name, s.datatype.wire, prefix + list(s.dims))
+                for s in model.inputs.values()
+            ],
+            outputs=[
+                TensorMetadata(s.name, s.datatype.wire, prefix + list(s.dims))
+                for s in model.outputs.values()
+            ],
+        )
+
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return self.repository.index(ready_only)
+
+    async def load_model(self, name: str, parameters: Mapping[str, Any]) -> None:
+        await self.repository.load(name, parameters)
+
+    async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
+        await self.repository.unload(name, parameters)
+
+    # -- inference -------------------------------------------------------------
+    def new_cancellation(self) -> Cancellation:
+        return Cancellation(self.loop)
+
+    def submit(self, request: InferenceRequest, allow_decoupled: bool = True) -> ResponseStream:
+        """Validate and admit ``request``; its responses arrive on the returned stream.
+
+        Raises TritiumError when the request is not admitted (nothing is queued then).
+        """
+        if not self.accepting:
+            raise TritiumError(
+                ErrorCode.UNAVAILABLE, "Server is shutting down and not accepting new requests"
+            )
+        model = self.repository.resolve(request.model_name, request.model_version)
+        if model.decoupled and not allow_decoupled:
+            raise TritiumError(
+                ErrorCode.UNSUPPORTED,
+                f"model '{model.name}' uses the decoupled transaction policy, which this "
+                "endpoint does not support; use a streaming endpoint",
+            )
+        validate_request(request, model)
+        if request.cancellation.is_cancelled():
+            raise request.cancellation.reason.to_error()  # type: ignore[union-attr]
+        stream = ResponseStream(self.loop)
+        model.enqueue(request, stream)
+
+        def on_cancel(cancellation: Cancellation) -> None:
+            assert cancellation.reason is not None
+            stream.close_with(InferenceResponse.failure(cancellation.reason.to_error()))
+            model.request_cancelled(request)
+
+        request.cancellation.add_callback(on_cancel)
+        return stream
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """One request, one response, for models that are not decoupled."""
+        stream = self.submit(request, allow_decoupled=False)
+        return await _single_response(stream, request)
+
+    async def generate(self, request: InferenceRequest) -> InferenceResponse:
+        """One request, exactly one response, decoupled models allowed."""
+        stream = self.submit(request, allow_decoupled=True)
+        return await _single_response(stream, request)
+
+
+async def _single_response(stream: ResponseStream, request: InferenceRequest) -> InferenceResponse:
+    result: InferenceResponse | None = None
+    count = 0
+    while True:
+        response = await stream.receive()
+        if response.error is not None:
+            raise response.error
+        if not response.flag_only:
+            count += 1
+            result = response
+        if response.final:
+            break
+    if count != 1 or result is None:
+        raise TritiumError(
+            ErrorCode.INTERNAL,
+            f"[request id: {request.describe()}] expected a single response, got {count}",
+        )
+    return result

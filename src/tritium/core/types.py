@@ -1,0 +1,88 @@
+"""Shared vocabulary: data types, tensors and tensor specifications."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class DataType(enum.Enum):
+    """A Triton tensor data type: wire name, config name, numpy dtype, size, C enum."""
+
+    BOOL = ("BOOL", "TYPE_BOOL", np.dtype(np.bool_), 1, 1)
+    UINT8 = ("UINT8", "TYPE_UINT8", np.dtype(np.uint8), 1, 2)
+    UINT16 = ("UINT16", "TYPE_UINT16", np.dtype(np.uint16), 2, 3)
+    UINT32 = ("UINT32", "TYPE_UINT32", np.dtype(np.uint32), 4, 4)
+    UINT64 = ("UINT64", "TYPE_UINT64", np.dtype(np.uint64), 8, 5)
+    INT8 = ("INT8", "TYPE_INT8", np.dtype(np.int8), 1, 6)
+    INT16 = ("INT16", "TYPE_INT16", np.dtype(np.int16), 2, 7)
+    INT32 = ("INT32", "TYPE_INT32", np.dtype(np.int32), 4, 8)
+    INT64 = ("INT64", "TYPE_INT64", np.dtype(np.int64), 8, 9)
+    FP16 = ("FP16", "TYPE_FP16", np.dtype(np.float16), 2, 10)
+    FP32 = ("FP32", "TYPE_FP32", np.dtype(np.float32), 4, 11)
+    FP64 = ("FP64", "TYPE_FP64", np.dtype(np.float64), 8, 12)
+    BYTES = ("BYTES", "TYPE_STRING", np.dtype(np.object_), 0, 13)
+    # numpy has no bfloat16; the raw 16-bit patterns are kept as uint16.
+    BF16 = ("BF16", "TYPE_BF16", np.dtype(np.uint16), 2, 14)
+
+    def __init__(self, wire: str, config: str, numpy: np.dtype, itemsize: int, code: int):
+        self.wire = wire
+        self.config = config
+        self.numpy = numpy
+        self.itemsize = itemsize
+        self.code = code
+
+    @classmethod
+    def from_wire(cls, name: str) -> DataType | None:
+        return _BY_WIRE.get(name)
+
+    @classmethod
+    def from_config(cls, name: str) -> DataType | None:
+        return _BY_CONFIG.get(name)
+
+    @classmethod
+    def from_numpy(cls, dtype: np.dtype) -> DataType | None:
+        if dtype.kind in "SUO":
+            return cls.BYTES
+        return _BY_NUMPY.get(dtype)
+
+    @classmethod
+    def from_code(cls, code: int) -> DataType | None:
+        return _BY_CODE.get(code)
+
+
+_BY_WIRE = {t.wire: t for t in DataType}
+_BY_CONFIG = {t.config: t for t in DataType}
+_BY_CODE = {t.code: t for t in DataType}
+_BY_NUMPY = {t.numpy: t for t in DataType if t is not DataType.BF16}
+
+
+@dataclass(slots=True)
+class Tensor:
+    """A named tensor. ``data`` is a numpy array of ``datatype.numpy`` shaped ``shape``;
+    BYTES elements are ``bytes`` objects in an object array."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+    @property
+    def element_count(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A tensor as a model's configuration declares it (``dims`` exclude the batch dim)."""
+
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]
+    optional: bool = False
+    reshape: tuple[int, ...] | None = None
