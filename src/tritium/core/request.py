@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tritium.core.cancellation import Cancellation
+from tritium.core.response import ResponseStream
 from tritium.core.types import Tensor
 
 ParamValue = str | int | float | bool
@@ -51,6 +52,8 @@ class InferenceRequest:
     # Filled in by the core when the request is admitted.
     batch_size: int = 1
     stage: RequestStage = RequestStage.CREATED
+    # Where the model's responses go; set when the core admits the request.
+    stream: ResponseStream | None = None
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     # Opaque slot a frontend may use to keep its own per-request state.
     frontend_state: Any = None

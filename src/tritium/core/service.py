@@ -106,6 +106,7 @@ class InferenceService:
         if request.cancellation.is_cancelled():
             raise request.cancellation.reason.to_error()  # type: ignore[union-attr]
         stream = ResponseStream(self.loop)
+        request.stream = stream
         model.enqueue(request, stream)
 
         def on_cancel(cancellation: Cancellation) -> None:
