@@ -31,7 +31,8 @@ class CancelReason(enum.Enum):
     def to_error(self) -> TritiumError:
         """The error a client that is still listening receives."""
         if self is CancelReason.DEADLINE:
-            return TritiumError(ErrorCode.DEADLINE_EXCEEDED, "Request timeout expired")
+            # Triton answers an expired queue timeout with UNAVAILABLE; clients rely on it.
+            return TritiumError(ErrorCode.UNAVAILABLE, "Request timeout expired")
         if self in (CancelReason.SHUTDOWN, CancelReason.UNLOADED):
             return TritiumError(ErrorCode.UNAVAILABLE, f"Request cancelled: {self.value}")
         return TritiumError(ErrorCode.CANCELLED, f"Request cancelled: {self.value}")

@@ -40,7 +40,8 @@ class RequestedOutput:
 class InferenceRequest:
     model_name: str
     inputs: dict[str, Tensor]
-    model_version: int | None = None  # None: the version policy picks
+    # None: the version policy picks; set to the version serving it once admitted.
+    model_version: int | None = None
     id: str = ""
     requested_outputs: list[RequestedOutput] | None = None  # None: every output
     parameters: dict[str, ParamValue] = field(default_factory=dict)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from tritium.core.errors import ErrorCode, TritiumError
@@ -44,7 +45,7 @@ class ResponseStream:
     """Single-producer-at-a-time, single-consumer response channel across threads."""
 
     __slots__ = ("_loop", "_items", "_waiter", "_wake_pending", "closed", "_cancelled",
-                 "_done_receiving")
+                 "_done_receiving", "on_done")
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
@@ -54,6 +55,8 @@ class ResponseStream:
         self.closed = False  # the send half saw FINAL (or a cancellation)
         self._cancelled = False
         self._done_receiving = False
+        # Called once on the loop after the final response was sent.
+        self.on_done: Callable[[], None] | None = None
 
     # -- send half (any thread) ------------------------------------------------
     def send_nowait(self, response: InferenceResponse) -> None:
@@ -108,6 +111,9 @@ class ResponseStream:
 
     def _wake(self) -> None:
         self._wake_pending = False
+        if self.closed and self.on_done is not None:
+            on_done, self.on_done = self.on_done, None
+            on_done()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

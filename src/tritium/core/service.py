@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from tritium.core.cancellation import Cancellation
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import (
     IndexEntry,
@@ -35,6 +35,9 @@ class InferenceService:
         self.loop = loop
         self.extensions = extensions
         self.accepting = True  # False once shutdown begins
+        # Insertion-ordered set of admitted, unfinished requests.
+        self._in_flight: dict[InferenceRequest, None] = {}
+        self._idle: asyncio.Event | None = None  # exists while someone waits for idle
 
     # -- health and metadata ---------------------------------------------------
     def is_live(self) -> bool:
@@ -103,6 +106,7 @@ class InferenceService:
                 "endpoint does not support; use a streaming endpoint",
             )
         validate_request(request, model)
+        request.model_version = model.version
         if request.cancellation.is_cancelled():
             raise request.cancellation.reason.to_error()  # type: ignore[union-attr]
         stream = ResponseStream(self.loop)
@@ -111,11 +115,37 @@ class InferenceService:
 
         def on_cancel(cancellation: Cancellation) -> None:
             assert cancellation.reason is not None
-            stream.close_with(InferenceResponse.failure(cancellation.reason.to_error()))
+            # The scheduler reads the request's stage before the stream is closed.
             model.request_cancelled(request)
+            stream.close_with(InferenceResponse.failure(cancellation.reason.to_error()))
 
+        def on_done() -> None:
+            self._in_flight.pop(request, None)
+            request.cancellation.remove_callback(on_cancel)
+            if not self._in_flight and self._idle is not None:
+                self._idle.set()
+
+        self._in_flight[request] = None
+        stream.on_done = on_done
         request.cancellation.add_callback(on_cancel)
         return stream
+
+    def in_flight(self) -> list[InferenceRequest]:
+        """Admitted requests whose final response has not been sent yet."""
+        return list(self._in_flight)
+
+    async def wait_idle(self) -> None:
+        """Return once no admitted request is unfinished."""
+        while self._in_flight:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    def cancel_all(self, reason: CancelReason) -> int:
+        """Cancel every unfinished request; returns how many there were."""
+        requests = list(self._in_flight)
+        for request in requests:
+            request.cancellation.cancel(reason)
+        return len(requests)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """One request, one response, for models that are not decoupled."""

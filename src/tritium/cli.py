@@ -1,0 +1,101 @@
+"""``tritium serve``: tritonserver's flag names, turned into a ``ServerConfig``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tritium.config import BUNDLED_REPOSITORY, ServerConfig
+from tritium.repository.manager import ControlMode
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535, got {port}")
+    return port
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tritium", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a Triton model repository")
+    add = serve.add_argument
+    add("--model-repository", "--model-store", action="append", type=Path, dest="repositories",
+        help=f"model repository directory, repeatable (default: {BUNDLED_REPOSITORY})")
+    add("--http-address", default="0.0.0.0")
+    add("--http-port", type=_port, default=8000, help="0 picks a free port")
+    add("--grpc-address", default="0.0.0.0")
+    add("--grpc-port", type=_port, default=8001, help="0 picks a free port")
+    add("--metrics-address", default=None, help="defaults to --http-address")
+    add("--metrics-port", type=_port, default=8002, help="0 picks a free port")
+    add("--allow-http", type=_bool, default=True)
+    add("--allow-grpc", type=_bool, default=True)
+    add("--allow-metrics", type=_bool, default=True)
+    add("--model-control-mode", choices=[m.value for m in ControlMode], default="none")
+    add("--load-model", action="append", default=[], dest="load_models",
+        help="model to load at startup in explicit mode, repeatable; '*' loads all")
+    add("--repository-poll-secs", type=float, default=15.0)
+    add("--exit-timeout-secs", type=float, default=30.0,
+        help="how long shutdown waits for in-flight requests before cancelling them")
+    add("--log-verbose", type=int, default=0)
+    add("--http-max-input-size", type=_positive, default=64 * 1024 * 1024,
+        help="largest accepted HTTP request body, in bytes")
+    return parser
+
+
+def parse_config(argv: Sequence[str]) -> ServerConfig:
+    args = build_parser().parse_args(argv)
+    repositories = tuple(args.repositories or [BUNDLED_REPOSITORY])
+    for repo in repositories:
+        if not repo.is_dir():
+            raise SystemExit(f"tritium: error: model repository '{repo}' is not a readable directory")
+    return ServerConfig(
+        model_repositories=repositories,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        metrics_address=args.metrics_address or args.http_address,
+        metrics_port=args.metrics_port,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        model_control_mode=ControlMode(args.model_control_mode),
+        load_models=tuple(args.load_models),
+        repository_poll_secs=args.repository_poll_secs,
+        exit_timeout_secs=args.exit_timeout_secs,
+        log_verbose=args.log_verbose,
+        http_max_input_size=args.http_max_input_size,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_config(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.DEBUG if config.log_verbose > 0 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from tritium.server import run
+
+    return run(config)

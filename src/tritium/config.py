@@ -1,0 +1,32 @@
+"""The server's settings, as the command line gives them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritium.repository.manager import ControlMode
+
+BUNDLED_REPOSITORY = Path(__file__).parent / "example_repository"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    model_repositories: tuple[Path, ...] = (BUNDLED_REPOSITORY,)
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    model_control_mode: ControlMode = ControlMode.NONE
+    load_models: tuple[str, ...] = field(default_factory=tuple)
+    repository_poll_secs: float = 15.0
+    exit_timeout_secs: float = 30.0
+    log_verbose: int = 0
+    http_max_input_size: int = 64 * 1024 * 1024
+    http_header_timeout_secs: float = 30.0
+    http_keepalive_timeout_secs: float = 75.0

@@ -1,0 +1,181 @@
+"""A model instance: the thread that runs model code, and the only bridge between the
+server's event loop and that code.
+
+The loop hands a batch over with ``submit`` (a SimpleQueue put); the thread runs
+``backend.execute`` and reports back with one ``call_soon_threadsafe``. A backend whose
+``execute`` is a coroutine gets an event loop of its own, run by this thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue
+import threading
+from collections.abc import Awaitable, Callable
+
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.request import InferenceRequest
+from tritium.core.response import InferenceResponse
+from tritium.execution.backend import InstanceInfo, ModelBackend
+
+log = logging.getLogger("tritium.execution")
+
+BackendFactory = Callable[[InstanceInfo], ModelBackend]
+DoneCallback = Callable[["ModelInstance", list[InferenceRequest]], None]
+
+_STOP = None
+
+
+class ModelInstance:
+    def __init__(
+        self,
+        info: InstanceInfo,
+        create_backend: BackendFactory,
+        loop: asyncio.AbstractEventLoop,
+        on_done: DoneCallback,
+    ):
+        self.info = info
+        self.name = info.instance_name
+        self._create_backend = create_backend
+        self._loop = loop
+        self._on_done = on_done
+        self._inbox: queue.SimpleQueue[list[InferenceRequest] | None] = queue.SimpleQueue()
+        self._backend: ModelBackend | None = None
+        self._model_loop: asyncio.AbstractEventLoop | None = None
+        self._started: asyncio.Future[None] = loop.create_future()
+        self._stopped: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(target=self._run, name=f"instance-{self.name}", daemon=True)
+
+    async def start(self) -> None:
+        """Start the thread and wait for the model's ``initialize`` to finish."""
+        self._thread.start()
+        await self._started
+
+    def submit(self, batch: list[InferenceRequest]) -> None:
+        if self._model_loop is not None:
+            self._model_loop.call_soon_threadsafe(self._start_async, batch)
+        else:
+            self._inbox.put(batch)
+
+    def stop(self) -> None:
+        """Ask the thread to finalize the model and end; see ``wait_stopped``."""
+        if self._model_loop is not None:
+            self._model_loop.call_soon_threadsafe(self._model_loop.stop)
+        else:
+            self._inbox.put(_STOP)
+
+    async def wait_stopped(self) -> None:
+        await asyncio.shield(self._stopped)
+
+    # -- the instance thread -----------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._backend = self._create_backend(self.info)
+        except BaseException as exc:  # noqa: BLE001 - any failure is a load failure
+            self._report(self._started, exc)
+            self._report(self._stopped, None)
+            return
+        is_async = bool(getattr(self._backend, "is_async", False))
+        if is_async:
+            self._model_loop = asyncio.new_event_loop()
+        self._report(self._started, None)
+        try:
+            if self._model_loop is not None:
+                self._serve_async(self._model_loop)
+            else:
+                self._serve()
+        finally:
+            self._finalize()
+            self._report(self._stopped, None)
+
+    def _serve(self) -> None:
+        inbox = self._inbox
+        while (batch := inbox.get()) is not _STOP:
+            self._execute(batch)
+
+    def _execute(self, batch: list[InferenceRequest]) -> None:
+        live = [r for r in batch if not r.cancellation.is_cancelled()]
+        if live:
+            try:
+                self._backend.execute(live)  # type: ignore[union-attr]
+            except BaseException as exc:  # noqa: BLE001 - the backend should not raise
+                _fail_batch(live, self.info.model_name, exc)
+        self._loop.call_soon_threadsafe(self._on_done, self, batch)
+
+    def _serve_async(self, model_loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(model_loop)
+        try:
+            model_loop.run_forever()
+            pending = asyncio.all_tasks(model_loop)
+            if pending:
+                model_loop.run_until_complete(asyncio.wait(pending, timeout=5))
+        finally:
+            model_loop.close()
+
+    def _start_async(self, batch: list[InferenceRequest]) -> None:
+        live = [r for r in batch if not r.cancellation.is_cancelled()]
+        backend = self._backend
+        assert backend is not None
+        result: Awaitable[None] | None = None
+        if live:
+            try:
+                result = backend.execute(live)
+            except BaseException as exc:  # noqa: BLE001
+                _fail_batch(live, self.info.model_name, exc)
+        if result is None or not inspect.isawaitable(result):
+            self._loop.call_soon_threadsafe(self._on_done, self, batch)
+            return
+        task = asyncio.ensure_future(result)
+        if backend.decoupled:
+            # Decoupled coroutines overlap: the instance takes the next batch at once.
+            self._loop.call_soon_threadsafe(self._on_done, self, batch)
+            task.add_done_callback(lambda t: _log_task_error(t, live, self.info.model_name))
+        else:
+            task.add_done_callback(lambda t: self._async_done(t, batch, live))
+
+    def _async_done(self, task: asyncio.Future[None], batch: list[InferenceRequest],
+                    live: list[InferenceRequest]) -> None:
+        _log_task_error(task, live, self.info.model_name)
+        self._loop.call_soon_threadsafe(self._on_done, self, batch)
+
+    def _finalize(self) -> None:
+        if self._backend is None:
+            return
+        try:
+            self._backend.finalize()
+        except BaseException:  # noqa: BLE001 - a failing finalize must not stop the server
+            log.exception("finalize() of instance %s failed", self.name)
+
+    def _report(self, future: asyncio.Future[None], exc: BaseException | None) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            if exc is None:
+                future.set_result(None)
+            else:
+                future.set_exception(exc)
+
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(settle)
+
+
+def _fail_batch(batch: list[InferenceRequest], model: str, exc: BaseException) -> None:
+    error = TritiumError(
+        ErrorCode.INTERNAL,
+        f"Failed to process the request(s) for model '{model}', message: {exc}",
+    )
+    for request in batch:
+        stream = request.stream
+        if stream is not None and not stream.closed:
+            stream.send_nowait(InferenceResponse.failure(error))
+
+
+def _log_task_error(task: asyncio.Future[None], live: list[InferenceRequest], model: str) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("execute() of model '%s' failed: %s", model, exc)
+        _fail_batch(live, model, exc)

@@ -1,0 +1,267 @@
+"""HTTP endpoints: each decodes, calls ``core.InferenceService``, and encodes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from tritium.core.cancellation import CancelReason
+from tritium.core.errors import ErrorCode, TritiumError, invalid
+from tritium.core.model import ModelMetadata
+from tritium.core.request import InferenceRequest
+from tritium.core.service import InferenceService
+from tritium.frontends.http import codec, generate
+from tritium.frontends.http.routes import Match, NoRoute, Router
+from tritium.frontends.http.status import http_status
+from tritium.frontends.http.transport import HttpExchange
+
+log = logging.getLogger("tritium.http")
+
+JSON = [("Content-Type", "application/json")]
+SSE = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
+
+
+def respond_json(exchange: HttpExchange, status: int, payload: Any) -> None:
+    exchange.respond(status, JSON, orjson.dumps(payload))
+
+
+def respond_error(exchange: HttpExchange, error: TritiumError) -> None:
+    exchange.respond(http_status(error.code), JSON, codec.encode_error(error))
+
+
+def parse_version(text: str | None) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit():
+        raise invalid(f"invalid model version '{text}'")
+    return int(text)
+
+
+class HttpApi:
+    """The application the transport calls for every exchange."""
+
+    def __init__(self, service: InferenceService, max_input_size: int):
+        self.service = service
+        self.max_input_size = max_input_size
+        self.router = Router()
+
+    async def __call__(self, exchange: HttpExchange) -> None:
+        request = exchange.request
+        try:
+            match = self.router.match(request.method, request.path)
+        except NoRoute as exc:
+            exchange.respond(exc.status, JSON, orjson.dumps({"error": exc.message}))
+            return
+        handler: Callable[[HttpExchange, Match], Any] = getattr(self, match.handler)
+        try:
+            await handler(exchange, match)
+        except TritiumError as exc:
+            if not exchange.responded:
+                respond_error(exchange, exc)
+
+    # -- health and metadata ---------------------------------------------------
+    async def health_live(self, exchange: HttpExchange, match: Match) -> None:
+        exchange.respond(200 if self.service.is_live() else 400, [])
+
+    async def health_ready(self, exchange: HttpExchange, match: Match) -> None:
+        exchange.respond(200 if self.service.is_ready() else 400, [])
+
+    async def server_metadata(self, exchange: HttpExchange, match: Match) -> None:
+        respond_json(exchange, 200, self.service.server_metadata())
+
+    async def model_metadata(self, exchange: HttpExchange, match: Match) -> None:
+        meta = self.service.model_metadata(_model(match), parse_version(match.version))
+        respond_json(exchange, 200, _metadata_json(meta))
+
+    async def model_ready(self, exchange: HttpExchange, match: Match) -> None:
+        if self.service.model_ready(_model(match), parse_version(match.version)):
+            exchange.respond(200, [])
+        else:
+            respond_json(exchange, 400, {"error": "Model version not ready"})
+
+    async def model_config(self, exchange: HttpExchange, match: Match) -> None:
+        model = self.service.model(_model(match), parse_version(match.version))
+        respond_json(exchange, 200, model.config_json)
+
+    async def model_statistics(self, exchange: HttpExchange, match: Match) -> None:
+        raise TritiumError(ErrorCode.UNSUPPORTED, "statistics are not available yet")
+
+    async def repository_index(self, exchange: HttpExchange, match: Match) -> None:
+        body = _json_object(exchange.request.body, allow_empty=True)
+        ready = body.get("ready", False)
+        if not isinstance(ready, bool):
+            raise invalid("'ready' must be a boolean")
+        rows = []
+        for entry in self.service.repository_index(ready):
+            row: dict[str, Any] = {"name": entry.name}
+            if entry.version is not None:
+                row["version"] = str(entry.version)
+            row["state"] = entry.state.value
+            row["reason"] = entry.reason
+            rows.append(row)
+        respond_json(exchange, 200, rows)
+
+    async def model_load(self, exchange: HttpExchange, match: Match) -> None:
+        body = _json_object(exchange.request.body, allow_empty=True)
+        await self.service.load_model(_model(match), body.get("parameters") or {})
+        exchange.respond(200, [])
+
+    async def model_unload(self, exchange: HttpExchange, match: Match) -> None:
+        body = _json_object(exchange.request.body, allow_empty=True)
+        await self.service.unload_model(_model(match), body.get("parameters") or {})
+        exchange.respond(200, [])
+
+    async def log_settings(self, exchange: HttpExchange, match: Match) -> None:
+        raise TritiumError(ErrorCode.UNSUPPORTED, "logging settings are not supported")
+
+    async def trace_settings(self, exchange: HttpExchange, match: Match) -> None:
+        raise TritiumError(ErrorCode.UNSUPPORTED, "trace settings are not supported")
+
+    # -- inference ---------------------------------------------------------------
+    async def infer(self, exchange: HttpExchange, match: Match) -> None:
+        name, version = _model(match), parse_version(match.version)
+        headers = exchange.request.headers
+        body = self._body(exchange)
+        header_length = _header_length(headers.get("inference-header-content-length"), len(body))
+        if header_length == 0:
+            model = self.service.model(name, version)
+            spec = next(iter(model.inputs.values()))
+            if len(model.inputs) != 1:
+                raise invalid(
+                    "Raw binary request must only have 1 input, "
+                    f"model '{name}' has {len(model.inputs)}"
+                )
+            request = codec.decode_raw_binary_request(
+                body, spec, model.max_batch_size > 0, name, version
+            )
+        else:
+            request = codec.decode_infer_request(body, header_length, name, version)
+        response = await self._run(exchange, request, self.service.infer)
+        if response is None:
+            return
+        assert request.model_version is not None
+        out_headers, parts = codec.encode_infer_response(
+            response, request, request.model_name, request.model_version
+        )
+        encoding, parts = codec.compress_response(parts, headers.get("accept-encoding"))
+        if encoding is not None:
+            out_headers = [*out_headers, ("Content-Encoding", encoding)]
+        exchange.respond(200, out_headers, parts)
+
+    async def generate(self, exchange: HttpExchange, match: Match) -> None:
+        request = self._generate_request(exchange, match)
+        response = await self._run(exchange, request, self.service.generate)
+        if response is None:
+            return
+        assert request.model_version is not None
+        exchange.respond(200, JSON, generate.encode_generate_response(
+            response, request, request.model_name, request.model_version))
+
+    async def generate_stream(self, exchange: HttpExchange, match: Match) -> None:
+        request = self._generate_request(exchange, match)
+        request.cancellation = self.service.new_cancellation()
+        stream = self.service.submit(request)
+        leave = _canceller(request)
+        exchange.add_disconnect_callback(leave)
+        try:
+            started = False
+            async for response in stream:
+                if exchange.disconnected:
+                    return
+                if not started:
+                    status = 200 if response.error is None else http_status(response.error.code)
+                    exchange.start_stream(status, SSE)
+                    started = True
+                if response.error is not None:
+                    exchange.write_chunk(generate.sse_error(response.error))
+                elif not response.flag_only:
+                    assert request.model_version is not None
+                    exchange.write_chunk(generate.sse_event(generate.encode_generate_response(
+                        response, request, request.model_name, request.model_version)))
+                await exchange.wait_writable()
+            exchange.end_stream()
+        finally:
+            exchange.remove_disconnect_callback(leave)
+
+    def _generate_request(self, exchange: HttpExchange, match: Match) -> InferenceRequest:
+        name, version = _model(match), parse_version(match.version)
+        model = self.service.model(name, version)
+        return generate.decode_generate_request(self._body(exchange), model, version)
+
+    def _body(self, exchange: HttpExchange) -> bytes:
+        request = exchange.request
+        encoding = request.headers.get("content-encoding")
+        if encoding is None:
+            return request.body
+        return codec.decompress_body(request.body, encoding, self.max_input_size)
+
+    async def _run(self, exchange: HttpExchange, request: InferenceRequest,
+                   call: Callable[[InferenceRequest], Any]) -> Any:
+        """Run a single-response call; a client that leaves cancels it."""
+        request.cancellation = self.service.new_cancellation()
+        leave = _canceller(request)
+        exchange.add_disconnect_callback(leave)
+        try:
+            return await call(request)
+        except TritiumError:
+            if exchange.disconnected:
+                return None
+            raise
+        finally:
+            exchange.remove_disconnect_callback(leave)
+
+
+def _canceller(request: InferenceRequest) -> Callable[[], None]:
+    def leave() -> None:
+        request.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+
+    return leave
+
+
+def _model(match: Match) -> str:
+    if match.model is None:
+        raise NoRoute(404, "Not Found")
+    return match.model
+
+
+def _header_length(value: str | None, body_length: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        raise invalid(f"invalid Inference-Header-Content-Length '{value}'") from None
+    if length < 0 or length > body_length:
+        raise invalid(
+            f"Inference-Header-Content-Length {length} must be between 0 and the body "
+            f"length {body_length}"
+        )
+    return length
+
+
+def _json_object(body: bytes, allow_empty: bool) -> dict[str, Any]:
+    if not body and allow_empty:
+        return {}
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise invalid("the request body must be a JSON object")
+    return value
+
+
+def _metadata_json(meta: ModelMetadata) -> dict[str, Any]:
+    def tensors(items: list[Any]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": t.shape} for t in items]
+
+    return {
+        "name": meta.name,
+        "versions": meta.versions,
+        "platform": meta.platform,
+        "inputs": tensors(meta.inputs),
+        "outputs": tensors(meta.outputs),
+    }

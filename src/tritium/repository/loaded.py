@@ -1,0 +1,127 @@
+"""A loaded model version: its config, its scheduler and its running instances."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2
+
+from tritium.core.request import InferenceRequest
+from tritium.core.response import ResponseStream
+from tritium.core.types import TensorSpec
+from tritium.execution.backend import InstanceInfo, ModelBackend
+from tritium.execution.instance import ModelInstance
+from tritium.repository.config import config_to_json, tensor_specs
+from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
+from tritium.scheduling.statistics import ModelStatistics
+
+log = logging.getLogger("tritium.repository")
+
+ModelConfig = model_config_pb2.ModelConfig
+BackendFactory = Callable[[InstanceInfo, Any], ModelBackend]
+
+_KIND_NAMES = {
+    model_config_pb2.ModelInstanceGroup.KIND_CPU: "CPU",
+    model_config_pb2.ModelInstanceGroup.KIND_GPU: "GPU",
+    model_config_pb2.ModelInstanceGroup.KIND_MODEL: "MODEL",
+    model_config_pb2.ModelInstanceGroup.KIND_AUTO: "CPU",
+}
+
+
+class LoadedModel:
+    """Implements ``tritium.core.model.ModelHandle`` for one model version."""
+
+    def __init__(self, model_dir: Path, version: int, config: Any):
+        self.model_dir = model_dir
+        self.name: str = config.name
+        self.version = version
+        self.config = config
+        self.config_json: dict[str, Any] = config_to_json(config)
+        self.platform: str = config.platform or config.backend or "python"
+        self.decoupled: bool = config.model_transaction_policy.decoupled
+        self.max_batch_size: int = config.max_batch_size
+        inputs, outputs = tensor_specs(config)
+        self.inputs: dict[str, TensorSpec] = inputs
+        self.outputs: dict[str, TensorSpec] = outputs
+        self.scheduler = ModelScheduler(self.name, version, _policy(config))
+        self.instances: list[ModelInstance] = []
+        self.load_seconds = 0.0
+
+    # -- ModelHandle -------------------------------------------------------------
+    def is_ready(self) -> bool:
+        return self.scheduler.accepting
+
+    def enqueue(self, request: InferenceRequest, stream: ResponseStream) -> None:
+        self.scheduler.enqueue(request)
+
+    def request_cancelled(self, request: InferenceRequest) -> None:
+        self.scheduler.request_cancelled(request)
+
+    def statistics(self) -> ModelStatistics:
+        return self.scheduler.stats
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def start(self, loop: asyncio.AbstractEventLoop, create_backend: BackendFactory) -> None:
+        """Start every instance (``initialize`` runs on each instance's thread)."""
+        started = time.monotonic()
+        config_text = json.dumps(self.config_json)
+        for info in self._instance_infos(config_text):
+            instance = ModelInstance(
+                info,
+                lambda i: create_backend(i, self.config),
+                loop,
+                self.scheduler.batch_done,
+            )
+            self.instances.append(instance)
+        try:
+            await asyncio.gather(*(instance.start() for instance in self.instances))
+        except BaseException:
+            await self.stop()
+            raise
+        self.scheduler.add_instances(self.instances)
+        self.load_seconds = time.monotonic() - started
+
+    async def stop(self) -> None:
+        """Stop admitting, stop every instance and wait for ``finalize``."""
+        self.scheduler.stop_accepting()
+        for instance in self.instances:
+            instance.stop()
+        await asyncio.gather(*(instance.wait_stopped() for instance in self.instances))
+
+    def _instance_infos(self, config_text: str) -> list[InstanceInfo]:
+        infos = []
+        for group in self.config.instance_group:
+            kind = _KIND_NAMES.get(group.kind, "CPU")
+            devices = list(group.gpus) or [0]
+            for index in range(max(group.count, 1)):
+                infos.append(InstanceInfo(
+                    model_name=self.name,
+                    model_version=self.version,
+                    model_repository=str(self.model_dir),
+                    config_json=config_text,
+                    instance_name=f"{group.name}_{index}",
+                    kind=kind,
+                    device_id=devices[index % len(devices)],
+                ))
+        return infos
+
+
+def _policy(config: Any) -> SchedulerPolicy:
+    dynamic = config.HasField("dynamic_batching")
+    batching = config.dynamic_batching
+    queue_policy = batching.default_queue_policy
+    return SchedulerPolicy(
+        max_batch_size=config.max_batch_size,
+        dynamic_batching=dynamic and config.max_batch_size > 0,
+        max_queue_delay_us=batching.max_queue_delay_microseconds,
+        preferred_batch_sizes=tuple(batching.preferred_batch_size),
+        max_queue_size=queue_policy.max_queue_size,
+        priority_levels=batching.priority_levels,
+        default_priority=batching.default_priority_level,
+    )

@@ -1,0 +1,39 @@
+"""Counters a model's scheduler keeps; metrics and the stats endpoints only read them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+
+@dataclass(slots=True)
+class ModelStatistics:
+    """Cumulative figures for one model version, in Triton's terms."""
+
+    inference_count: int = 0  # batch elements of successful requests
+    execution_count: int = 0  # execute() calls
+    last_inference_ms: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    # (reason name) -> count, reasons as Triton's failure metric spells them
+    failures: Counter[str] = field(default_factory=Counter)
+    # (reason, stage) -> count: tritium's own cancellation figures
+    cancellations: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # batch size -> Duration of compute_infer for that size
+    batches: dict[int, Duration] = field(default_factory=dict)
+    pending: int = 0  # admitted, not yet handed to an instance
+    executing: int = 0  # handed to an instance, not yet finished
