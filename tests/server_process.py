@@ -68,7 +68,8 @@ class TritiumProcess:
                 self._changed.wait(remaining)
 
     def _alive(self) -> bool:
-        return self.proc is not None and self.proc.stderr is not None and not self.proc.stderr.closed
+        proc = self.proc
+        return proc is not None and proc.stderr is not None and not proc.stderr.closed
 
     def log(self) -> str:
         with self._changed:

@@ -22,6 +22,10 @@ def _tensor(kind: str, name: str, datatype: str, dims: str, extra: str = "") -> 
             f"{extra} }}]\n")
 
 
+def _parameter(key: str, value: str) -> str:
+    return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+
+
 def add_model(repo: Path, name: str, source: str, config: str, versions: tuple[int, ...] = (1,)
               ) -> Path:
     model_dir = repo / name
@@ -63,5 +67,5 @@ def build_repository(repo: Path, record_dir: Path) -> Path:
     add_model(repo, "auto_complete", "auto_complete", "")
     add_model(repo, "slow", "slow",
               _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
-              + f'parameters {{ key: "record_file" value {{ string_value: "{record_dir}/slow.jsonl" }} }}\n')
+              + _parameter("record_file", f"{record_dir}/slow.jsonl"))
     return repo

@@ -68,7 +68,9 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
     repositories = tuple(args.repositories or [BUNDLED_REPOSITORY])
     for repo in repositories:
         if not repo.is_dir():
-            raise SystemExit(f"tritium: error: model repository '{repo}' is not a readable directory")
+            raise SystemExit(
+                f"tritium: error: model repository '{repo}' is not a readable directory"
+            )
     return ServerConfig(
         model_repositories=repositories,
         http_address=args.http_address,

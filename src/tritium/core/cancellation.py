@@ -10,6 +10,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import threading
 import time
@@ -44,7 +45,7 @@ _lock = threading.Lock()
 class Cancellation:
     """Cancel state of one request (or of a group sharing it, such as BLS children)."""
 
-    __slots__ = ("reason", "cancelled_at_ns", "_loop", "_callbacks")
+    __slots__ = ("_callbacks", "_loop", "cancelled_at_ns", "reason")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
         self.reason: CancelReason | None = None
@@ -80,10 +81,8 @@ class Cancellation:
     def remove_callback(self, callback: Callback) -> None:
         with _lock:
             if self._callbacks is not None:
-                try:
+                with contextlib.suppress(ValueError):
                     self._callbacks.remove(callback)
-                except ValueError:
-                    pass
 
     def link_child(self, child: Cancellation) -> None:
         """Make ``child`` follow this cancellation with reason PARENT_CANCELLED."""

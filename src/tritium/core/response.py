@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from tritium.core.errors import ErrorCode, TritiumError
@@ -44,8 +44,16 @@ class StreamClosedError(TritiumError):
 class ResponseStream:
     """Single-producer-at-a-time, single-consumer response channel across threads."""
 
-    __slots__ = ("_loop", "_items", "_waiter", "_wake_pending", "closed", "_cancelled",
-                 "_done_receiving", "on_done")
+    __slots__ = (
+        "_cancelled",
+        "_done_receiving",
+        "_items",
+        "_loop",
+        "_waiter",
+        "_wake_pending",
+        "closed",
+        "on_done",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop

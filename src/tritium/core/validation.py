@@ -16,19 +16,11 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> None:
     """
     prefix = f"[request id: {request.describe()}] "
     batched = model.max_batch_size > 0
-    batch_size = -1
     for name, tensor in request.inputs.items():
         spec = model.inputs.get(name)
         if spec is None:
             raise invalid(f"{prefix}unexpected inference input '{name}' for model '{model.name}'")
         _check_tensor(prefix, model.name, spec, tensor, batched)
-        if batched:
-            if batch_size == -1:
-                batch_size = tensor.shape[0]
-            elif tensor.shape[0] != batch_size:
-                raise invalid(
-                    f"{prefix}inputs for model '{model.name}' must all have the same batch size"
-                )
     for spec in model.inputs.values():
         if spec.name not in request.inputs and not spec.optional:
             raise invalid(
@@ -36,17 +28,7 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> None:
                 f"{len(request.inputs)} inputs for model '{model.name}'; "
                 f"missing input '{spec.name}'"
             )
-    if batched:
-        if batch_size == -1:
-            batch_size = 1
-        if batch_size > model.max_batch_size:
-            raise invalid(
-                f"{prefix}inference request batch-size must be <= {model.max_batch_size} "
-                f"for '{model.name}'"
-            )
-        request.batch_size = batch_size
-    else:
-        request.batch_size = 1
+    request.batch_size = _batch_size(prefix, request, model) if batched else 1
     if request.requested_outputs is not None:
         for output in request.requested_outputs:
             if output.name not in model.outputs:
@@ -55,6 +37,19 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> None:
                     f"'{model.name}'"
                 )
     _apply_reshapes(request, model, batched)
+
+
+def _batch_size(prefix: str, request: InferenceRequest, model: ModelHandle) -> int:
+    sizes = {tensor.shape[0] for tensor in request.inputs.values()}
+    if len(sizes) > 1:
+        raise invalid(f"{prefix}inputs for model '{model.name}' must all have the same batch size")
+    size = sizes.pop() if sizes else 1
+    if size > model.max_batch_size:
+        raise invalid(
+            f"{prefix}inference request batch-size must be <= {model.max_batch_size} "
+            f"for '{model.name}'"
+        )
+    return size
 
 
 def _required_count(model: ModelHandle) -> int:
@@ -92,5 +87,7 @@ def _apply_reshapes(request: InferenceRequest, model: ModelHandle, batched: bool
         try:
             tensor.data = tensor.data.reshape(shape)
         except ValueError as exc:
-            raise TritiumError(ErrorCode.INVALID_ARG, f"cannot reshape input '{name}': {exc}") from exc
+            raise TritiumError(
+                ErrorCode.INVALID_ARG, f"cannot reshape input '{name}': {exc}"
+            ) from exc
         tensor.shape = tuple(tensor.data.shape)

@@ -73,7 +73,7 @@ class ModelInstance:
     def _run(self) -> None:
         try:
             self._backend = self._create_backend(self.info)
-        except BaseException as exc:  # noqa: BLE001 - any failure is a load failure
+        except BaseException as exc:
             self._report(self._started, exc)
             self._report(self._stopped, None)
             return
@@ -100,7 +100,7 @@ class ModelInstance:
         if live:
             try:
                 self._backend.execute(live)  # type: ignore[union-attr]
-            except BaseException as exc:  # noqa: BLE001 - the backend should not raise
+            except BaseException as exc:
                 _fail_batch(live, self.info.model_name, exc)
         self._loop.call_soon_threadsafe(self._on_done, self, batch)
 
@@ -122,7 +122,7 @@ class ModelInstance:
         if live:
             try:
                 result = backend.execute(live)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 _fail_batch(live, self.info.model_name, exc)
         if result is None or not inspect.isawaitable(result):
             self._loop.call_soon_threadsafe(self._on_done, self, batch)
@@ -145,7 +145,7 @@ class ModelInstance:
             return
         try:
             self._backend.finalize()
-        except BaseException:  # noqa: BLE001 - a failing finalize must not stop the server
+        except BaseException:
             log.exception("finalize() of instance %s failed", self.name)
 
     def _report(self, future: asyncio.Future[None], exc: BaseException | None) -> None:

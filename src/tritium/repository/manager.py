@@ -96,7 +96,7 @@ class ModelManager:
         try:
             model = LoadedModel(entry.model_dir, version, config)
             await model.start(self.loop, self.create_backend)
-        except Exception as exc:  # noqa: BLE001 - model code may raise anything
+        except Exception as exc:
             slot.state, slot.reason = ModelState.UNAVAILABLE, _reason(exc)
             log.error("model '%s' version %d failed to load: %s", entry.name, version, slot.reason)
             return

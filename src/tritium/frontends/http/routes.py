@@ -47,7 +47,8 @@ class NoRoute(Exception):
 def _compile(pattern: str) -> re.Pattern[str]:
     regex = re.escape(pattern).replace(r"\{model\}", r"(?P<model>[^/]+)")
     if pattern.startswith("/v2/models/{model}"):
-        regex = regex.replace(r"(?P<model>[^/]+)", r"(?P<model>[^/]+)(?:/versions/(?P<version>[^/]*))?", 1)
+        versioned = r"(?P<model>[^/]+)(?:/versions/(?P<version>[^/]*))?"
+        regex = regex.replace(r"(?P<model>[^/]+)", versioned, 1)
     return re.compile(regex + r"\Z")
 
 

@@ -1,0 +1,65 @@
+"""ResponseStream: send from any thread, receive on the loop, FINAL closes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.response import InferenceResponse, ResponseStream, StreamClosedError
+
+
+def test_responses_from_a_thread_arrive_in_order() -> None:
+    async def scenario() -> None:
+        stream = ResponseStream(asyncio.get_running_loop())
+
+        def produce() -> None:
+            for i in range(100):
+                stream.send_nowait(InferenceResponse(parameters={"i": i}, final=i == 99))
+
+        threading.Thread(target=produce).start()
+        seen = [r.parameters["i"] async for r in stream]
+        assert seen == list(range(100))
+
+    asyncio.run(scenario())
+
+
+def test_send_after_final_raises() -> None:
+    async def scenario() -> None:
+        stream = ResponseStream(asyncio.get_running_loop())
+        stream.send_nowait(InferenceResponse.final_flag())
+        with pytest.raises(StreamClosedError):
+            stream.send_nowait(InferenceResponse())
+
+    asyncio.run(scenario())
+
+
+def test_close_with_error_drops_later_sends_quietly() -> None:
+    async def scenario() -> None:
+        stream = ResponseStream(asyncio.get_running_loop())
+        error = TritiumError(ErrorCode.CANCELLED, "gone")
+        assert stream.close_with(InferenceResponse.failure(error))
+        stream.send_nowait(InferenceResponse())  # the model does not know yet: no error
+        first = await stream.receive()
+        assert first.error is error and first.final
+        assert stream.receive_nowait() is None
+
+    asyncio.run(scenario())
+
+
+def test_on_done_runs_once_after_final() -> None:
+    async def scenario() -> None:
+        stream = ResponseStream(asyncio.get_running_loop())
+        calls: list[int] = []
+        stream.on_done = lambda: calls.append(1)
+        stream.send_nowait(InferenceResponse(final=False))
+        assert calls == []
+        stream.send_nowait(InferenceResponse.final_flag())
+        assert calls == [1]
+        late = InferenceResponse.failure(TritiumError(ErrorCode.CANCELLED, "x"))
+        assert not stream.close_with(late)
+        assert calls == [1]
+
+    asyncio.run(scenario())
