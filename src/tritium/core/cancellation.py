@@ -86,7 +86,10 @@ class Cancellation:
 
     def link_child(self, child: Cancellation) -> None:
         """Make ``child`` follow this cancellation with reason PARENT_CANCELLED."""
-        self.add_callback(lambda _: child.cancel(CancelReason.PARENT_CANCELLED))
+        def follow(_: Cancellation) -> None:
+            child.cancel(CancelReason.PARENT_CANCELLED)
+
+        self.add_callback(follow)
 
     def _dispatch(self, callbacks: list[Callback]) -> None:
         loop = self._loop

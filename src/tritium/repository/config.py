@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,20 +11,26 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tritium.core.types import DataType, TensorSpec
+from tritium.repository.scan import find_models
 from tritium.repository.validation import (
     ConfigError,
     validate_instance_groups,
     validate_model_config,
     validate_model_identity,
 )
-from tritium.repository.versions import version_dirs
+from tritium.repository.versions import available_versions, version_dirs
 
+# The repository's whole API is importable from here; scan/versions/validation hold parts.
 __all__ = [
     "AutoComplete",
     "ConfigError",
     "ModelConfig",
+    "available_versions",
     "complete_model_config",
     "config_path",
+    "config_to_json",
+    "find_models",
+    "json_to_config",
     "load_model_config",
     "parse_model_config",
     "tensor_specs",
@@ -160,14 +167,18 @@ def _check_name(config: Any, dir_name: str) -> None:
 
 
 def _fill_backend(config: Any, model_dir: Path) -> None:
-    if not config.backend:
-        if config.default_model_filename == PYTHON_FILE:
-            config.backend = "python"
-        elif not config.platform and not config.default_model_filename:
-            if _first_version_has(model_dir, PYTHON_FILE):
-                config.backend = "python"
+    if not config.backend and _looks_like_python(config, model_dir):
+        config.backend = "python"
     if config.backend == "python" and not config.default_model_filename:
         config.default_model_filename = PYTHON_FILE
+
+
+def _looks_like_python(config: Any, model_dir: Path) -> bool:
+    if config.default_model_filename == PYTHON_FILE:
+        return True
+    if config.platform or config.default_model_filename:
+        return False
+    return _first_version_has(model_dir, PYTHON_FILE)
 
 
 def _first_version_has(model_dir: Path, filename: str) -> bool:
@@ -296,7 +307,14 @@ def config_to_json(config: Any) -> dict[str, Any]:
 def json_to_config(text: str) -> Any:
     """Parse the JSON form (a load request's ``config`` override) into a ModelConfig."""
     try:
-        return json_format.Parse(text, pb.ModelConfig())
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"Invalid config override: {exc}") from exc
+    # Python's protobuf would quietly accept a list; Triton's parser wants an object.
+    if not isinstance(value, dict):
+        raise ConfigError("Invalid config override: expected a JSON object")
+    try:
+        return json_format.ParseDict(value, pb.ModelConfig())
     except json_format.ParseError as exc:
         raise ConfigError(f"Invalid config override: {exc}") from exc
 

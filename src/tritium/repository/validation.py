@@ -192,7 +192,10 @@ def shape_problem(tensor: Any, max_batch_size: int) -> str:
         return "must specify 'dims'"
     has_reshape = tensor.HasField("reshape")
     if has_reshape and not tensor.reshape.shape and max_batch_size == 0:
-        return "cannot have empty reshape for non-batching model as scalar tensors are not supported"
+        return (
+            "cannot have empty reshape for non-batching model as scalar tensors are not "
+            "supported"
+        )
     if any(d < 1 and d != WILDCARD_DIM for d in tensor.dims):
         return "dimension must be integer >= 1, or -1 to indicate a variable-size dimension"
     if not has_reshape:

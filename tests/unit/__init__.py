@@ -1,0 +1,1 @@
+"""Unit tests: pure pieces, no server."""
