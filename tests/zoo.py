@@ -6,6 +6,8 @@ import shutil
 from pathlib import Path
 
 MODELS_SOURCE = Path(__file__).parent / "models"
+EXAMPLES = Path(__file__).parent.parent / "src" / "tritium" / "example_repository"
+DECOUPLED = "model_transaction_policy { decoupled: true }\n"
 
 ALL_DATATYPES = (
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -68,4 +70,29 @@ def build_repository(repo: Path, record_dir: Path) -> Path:
     add_model(repo, "slow", "slow",
               _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
               + _parameter("record_file", f"{record_dir}/slow.jsonl"))
+    add_model(repo, "slow_decoupled", "slow",
+              DECOUPLED
+              + _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
+              + _parameter("record_file", f"{record_dir}/slow.jsonl"))
+    add_model(repo, "slow_child", "slow",
+              _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
+              + _parameter("record_file", f"{record_dir}/slow_child.jsonl"))
+    add_model(repo, "repeat", "repeat",
+              DECOUPLED
+              + _tensor("input", "INPUT0", "INT32", "1")
+              + _tensor("input", "DELAY", "FP32", "1", " optional: true")
+              + _tensor("output", "OUTPUT0", "INT32", "1"))
+    add_model(repo, "async_sleep", "async_sleep",
+              _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP64", "2"))
+    add_model(repo, "async_decoupled", "async_decoupled",
+              DECOUPLED
+              + _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP64", "2"))
+    add_model(repo, "bls", "bls",
+              _tensor("input", "MODE", "BYTES", "1") + _tensor("input", "INPUT0", "FP32", "-1")
+              + _tensor("output", "OUTPUT0", "FP32", "-1")
+              + "instance_group [{ count: 2 kind: KIND_CPU }]\n")
+    add_model(repo, "bls_async", "bls_async",
+              _tensor("input", "INPUT0", "FP32", "-1") + _tensor("output", "OUTPUT0", "FP32", "-1"))
+    for name in ("llm", "token_engine"):
+        shutil.copytree(EXAMPLES / name, repo / name)
     return repo

@@ -34,7 +34,7 @@ def test_one_request_per_execute_without_dynamic_batching() -> None:
     scheduler.enqueue(b)
     assert instance.batches == [[a]]
     assert a.stage is RequestStage.EXECUTING and b.stage is RequestStage.QUEUED
-    scheduler.batch_done(instance, [a])
+    scheduler.batch_done(instance, [a], 1000)
     assert instance.batches == [[a], [b]]
     assert a.stage is RequestStage.DONE
 
@@ -48,7 +48,7 @@ def test_dynamic_batches_respect_max_batch_size() -> None:
     instance = FakeInstance("i0")
     scheduler.add_instances([instance])
     assert [[r.id for r in batch] for batch in instance.batches] == [["a", "b"]]
-    scheduler.batch_done(instance, instance.batches[0])
+    scheduler.batch_done(instance, instance.batches[0], 1000)
     assert [r.id for r in instance.batches[1]] == ["c", "d"]
 
 
@@ -62,8 +62,7 @@ def test_cancelled_queued_request_never_reaches_an_instance() -> None:
     waiting.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
     scheduler.request_cancelled(waiting)
     assert scheduler.stats.cancellations[("CLIENT_DISCONNECTED", "queued")] == 1
-    assert scheduler.stats.failures["CANCELED"] == 1
-    scheduler.batch_done(instance, [running])
+    scheduler.batch_done(instance, [running], 1000)
     assert [batch[0].id for batch in instance.batches] == ["running", "after"]
     assert scheduler.stats.pending == 0
 
@@ -76,7 +75,8 @@ def test_cancel_of_an_executing_request_is_counted_as_executing() -> None:
     r.cancellation.cancel(CancelReason.CLIENT_CANCELLED)
     scheduler.request_cancelled(r)
     assert scheduler.stats.cancellations[("CLIENT_CANCELLED", "executing")] == 1
-    assert scheduler.stats.failures["CANCELED"] == 0
+    scheduler.request_finished(r, None)
+    assert scheduler.stats.failures["CANCELED"] == 1
 
 
 def test_full_queue_rejects_with_unavailable() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tritium.core.errors import TritiumError
 from tritium.core.request import InferenceRequest
 from tritium.core.response import ResponseStream
 from tritium.core.types import TensorSpec
@@ -68,6 +69,9 @@ class ModelHandle(Protocol):
 
     def request_cancelled(self, request: InferenceRequest) -> None:
         """Called on the loop after ``request.cancellation`` fired."""
+
+    def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
+        """Called on the loop once the request's final response was sent."""
 
     def statistics(self) -> Any: ...
 

@@ -52,6 +52,7 @@ class ResponseStream:
         "_waiter",
         "_wake_pending",
         "closed",
+        "error",
         "on_done",
     )
 
@@ -65,6 +66,8 @@ class ResponseStream:
         self._done_receiving = False
         # Called once on the loop after the final response was sent.
         self.on_done: Callable[[], None] | None = None
+        # The last error the stream carried: the request failed if it is set.
+        self.error: TritiumError | None = None
 
     # -- send half (any thread) ------------------------------------------------
     def send_nowait(self, response: InferenceResponse) -> None:
@@ -74,6 +77,8 @@ class ResponseStream:
             raise StreamClosedError()
         if response.final:
             self.closed = True
+        if response.error is not None:
+            self.error = response.error
         self._items.append(response)
         if not self._wake_pending:
             self._wake_pending = True

@@ -121,6 +121,7 @@ class InferenceService:
 
         def on_done() -> None:
             self._in_flight.pop(request, None)
+            model.request_finished(request, stream.error)
             request.cancellation.remove_callback(on_cancel)
             if not self._in_flight and self._idle is not None:
                 self._idle.set()

@@ -13,6 +13,7 @@ import inspect
 import logging
 import queue
 import threading
+import time
 from collections.abc import Awaitable, Callable
 
 from tritium.core.errors import ErrorCode, TritiumError
@@ -23,7 +24,8 @@ from tritium.execution.backend import InstanceInfo, ModelBackend
 log = logging.getLogger("tritium.execution")
 
 BackendFactory = Callable[[InstanceInfo], ModelBackend]
-DoneCallback = Callable[["ModelInstance", list[InferenceRequest]], None]
+# (instance, batch, nanoseconds execute took or -1 when it did not run)
+DoneCallback = Callable[["ModelInstance", list[InferenceRequest], int], None]
 
 _STOP = None
 
@@ -96,13 +98,17 @@ class ModelInstance:
             self._execute(batch)
 
     def _execute(self, batch: list[InferenceRequest]) -> None:
+        # Checked again here: a request cancelled after dispatch never reaches the model.
         live = [r for r in batch if not r.cancellation.is_cancelled()]
+        elapsed = -1
         if live:
+            started = time.monotonic_ns()
             try:
                 self._backend.execute(live)  # type: ignore[union-attr]
             except BaseException as exc:
                 _fail_batch(live, self.info.model_name, exc)
-        self._loop.call_soon_threadsafe(self._on_done, self, batch)
+            elapsed = time.monotonic_ns() - started
+        self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed)
 
     def _serve_async(self, model_loop: asyncio.AbstractEventLoop) -> None:
         asyncio.set_event_loop(model_loop)
@@ -119,26 +125,30 @@ class ModelInstance:
         backend = self._backend
         assert backend is not None
         result: Awaitable[None] | None = None
+        started = time.monotonic_ns()
         if live:
             try:
                 result = backend.execute(live)
             except BaseException as exc:
                 _fail_batch(live, self.info.model_name, exc)
         if result is None or not inspect.isawaitable(result):
-            self._loop.call_soon_threadsafe(self._on_done, self, batch)
+            elapsed = time.monotonic_ns() - started if live else -1
+            self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed)
             return
         task = asyncio.ensure_future(result)
         if backend.decoupled:
             # Decoupled coroutines overlap: the instance takes the next batch at once.
-            self._loop.call_soon_threadsafe(self._on_done, self, batch)
+            self._loop.call_soon_threadsafe(
+                self._on_done, self, batch, time.monotonic_ns() - started)
             task.add_done_callback(lambda t: _log_task_error(t, live, self.info.model_name))
         else:
-            task.add_done_callback(lambda t: self._async_done(t, batch, live))
+            task.add_done_callback(lambda t: self._async_done(t, batch, live, started))
 
     def _async_done(self, task: asyncio.Future[None], batch: list[InferenceRequest],
-                    live: list[InferenceRequest]) -> None:
+                    live: list[InferenceRequest], started: int) -> None:
         _log_task_error(task, live, self.info.model_name)
-        self._loop.call_soon_threadsafe(self._on_done, self, batch)
+        elapsed = time.monotonic_ns() - started
+        self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed)
 
     def _finalize(self) -> None:
         if self._backend is None:

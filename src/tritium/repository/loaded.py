@@ -12,6 +12,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2
 
+from tritium.core.errors import TritiumError
 from tritium.core.request import InferenceRequest
 from tritium.core.response import ResponseStream
 from tritium.core.types import TensorSpec
@@ -62,6 +63,9 @@ class LoadedModel:
 
     def request_cancelled(self, request: InferenceRequest) -> None:
         self.scheduler.request_cancelled(request)
+
+    def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
+        self.scheduler.request_finished(request, error)
 
     def statistics(self) -> ModelStatistics:
         return self.scheduler.stats

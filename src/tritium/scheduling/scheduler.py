@@ -15,7 +15,7 @@ from typing import Protocol
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest, RequestStage
 from tritium.scheduling.queue import RequestQueue
-from tritium.scheduling.statistics import ModelStatistics
+from tritium.scheduling.statistics import Duration, ModelStatistics
 
 log = logging.getLogger("tritium.scheduler")
 
@@ -54,12 +54,19 @@ class ModelScheduler:
         self._idle.extend(instances)
         self._dispatch()
 
-    def batch_done(self, instance: Instance, batch: list[InferenceRequest]) -> None:
-        """An instance finished ``execute`` for ``batch`` and can take more."""
+    def batch_done(self, instance: Instance, batch: list[InferenceRequest], exec_ns: int) -> None:
+        """An instance finished ``execute`` for ``batch`` (in ``exec_ns``) and can take more."""
+        size = 0
         for request in batch:
+            size += request.batch_size
             if request.stage is RequestStage.EXECUTING:
                 request.stage = RequestStage.DONE
-        self.stats.executing -= len(batch)
+        stats = self.stats
+        stats.executing -= len(batch)
+        if exec_ns >= 0:
+            stats.execution_count += 1
+            stats.compute_infer.add(exec_ns)
+            stats.batches.setdefault(size, Duration()).add(exec_ns)
         self._idle.append(instance)
         self._dispatch()
 
@@ -86,7 +93,6 @@ class ModelScheduler:
         if self._queue.discard(request):
             stage = "queued"
             self.stats.pending -= 1
-            self.stats.failures["CANCELED"] += 1
         elif request.stage is RequestStage.EXECUTING and not _finished(request):
             stage = "executing"
         else:
@@ -97,6 +103,21 @@ class ModelScheduler:
             request.describe(), self.model_name, self.version, stage,
             reason.value if reason else "unknown",
         )
+
+    def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
+        """Count the outcome once the request's final response was sent."""
+        stats = self.stats
+        elapsed = time.monotonic_ns() - request.arrival_ns
+        if request.cancellation.is_cancelled():
+            stats.failures["CANCELED"] += 1
+            stats.fail.add(elapsed)
+        elif error is not None:
+            stats.failures["BACKEND"] += 1
+            stats.fail.add(elapsed)
+        else:
+            stats.success.add(elapsed)
+            stats.inference_count += request.batch_size
+            stats.last_inference_ms = time.time_ns() // 1_000_000
 
     def _dispatch(self) -> None:
         queue = self._queue
