@@ -54,6 +54,7 @@ class ResponseStream:
         "closed",
         "error",
         "on_done",
+        "on_late_final",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
@@ -66,6 +67,9 @@ class ResponseStream:
         self._done_receiving = False
         # Called once on the loop after the final response was sent.
         self.on_done: Callable[[], None] | None = None
+        # Called on the loop when the model sends FINAL after a cancellation closed
+        # the stream: the moment its work stopped.
+        self.on_late_final: Callable[[], None] | None = None
         # The last error the stream carried: the request failed if it is set.
         self.error: TritiumError | None = None
 
@@ -73,6 +77,9 @@ class ResponseStream:
     def send_nowait(self, response: InferenceResponse) -> None:
         if self.closed:
             if self._cancelled:
+                if response.final and self.on_late_final is not None:
+                    late, self.on_late_final = self.on_late_final, None
+                    self._call_on_loop(late)
                 return
             raise StreamClosedError()
         if response.final:
@@ -130,6 +137,12 @@ class ResponseStream:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _call_on_loop(self, callback: Callable[[], None]) -> None:
+        if self._on_loop():
+            callback()
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(callback)
 
     def _on_loop(self) -> bool:
         try:

@@ -50,7 +50,7 @@ class LoadedModel:
         inputs, outputs = tensor_specs(config)
         self.inputs: dict[str, TensorSpec] = inputs
         self.outputs: dict[str, TensorSpec] = outputs
-        self.scheduler = ModelScheduler(self.name, version, _policy(config))
+        self.scheduler = ModelScheduler(self.name, version, _policy(config), self.decoupled)
         self.instances: list[ModelInstance] = []
         self.load_seconds = 0.0
 
@@ -60,6 +60,8 @@ class LoadedModel:
 
     def enqueue(self, request: InferenceRequest, stream: ResponseStream) -> None:
         self.scheduler.enqueue(request)
+        if self.decoupled:
+            stream.on_late_final = lambda: self.scheduler.model_stopped(request)
 
     def request_cancelled(self, request: InferenceRequest) -> None:
         self.scheduler.request_cancelled(request)

@@ -40,8 +40,10 @@ class SchedulerPolicy:
 
 
 class ModelScheduler:
-    def __init__(self, model_name: str, version: int, policy: SchedulerPolicy):
+    def __init__(self, model_name: str, version: int, policy: SchedulerPolicy,
+                 decoupled: bool = False):
         self.model_name = model_name
+        self.decoupled = decoupled
         self.version = version
         self.policy = policy
         self.stats = ModelStatistics()
@@ -57,11 +59,15 @@ class ModelScheduler:
     def batch_done(self, instance: Instance, batch: list[InferenceRequest], exec_ns: int) -> None:
         """An instance finished ``execute`` for ``batch`` (in ``exec_ns``) and can take more."""
         size = 0
+        stats = self.stats
+        now = time.monotonic_ns()
         for request in batch:
             size += request.batch_size
             if request.stage is RequestStage.EXECUTING:
                 request.stage = RequestStage.DONE
-        stats = self.stats
+            cancelled_at = request.cancellation.cancelled_at_ns
+            if cancelled_at and not self.decoupled:
+                stats.record_cancel_stop(now - cancelled_at)
         stats.executing -= len(batch)
         if exec_ns >= 0:
             stats.execution_count += 1
@@ -103,6 +109,12 @@ class ModelScheduler:
             request.describe(), self.model_name, self.version, stage,
             reason.value if reason else "unknown",
         )
+
+    def model_stopped(self, request: InferenceRequest) -> None:
+        """A decoupled model sent FINAL for a request after it was cancelled."""
+        cancelled_at = request.cancellation.cancelled_at_ns
+        if cancelled_at:
+            self.stats.record_cancel_stop(time.monotonic_ns() - cancelled_at)
 
     def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
         """Count the outcome once the request's final response was sent."""

@@ -16,6 +16,9 @@ class Duration:
         self.ns += ns
 
 
+STOP_BUCKETS_MS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, 5000.0)
+
+
 @dataclass(slots=True)
 class ModelStatistics:
     """Cumulative figures for one model version, in Triton's terms."""
@@ -35,5 +38,15 @@ class ModelStatistics:
     cancellations: Counter[tuple[str, str]] = field(default_factory=Counter)
     # batch size -> Duration of compute_infer for that size
     batches: dict[int, Duration] = field(default_factory=dict)
+    # cancel requested -> work stopped (execute() returned, or FINAL for decoupled models)
+    cancel_stop: Duration = field(default_factory=Duration)
+    cancel_stop_buckets: list[int] = field(default_factory=lambda: [0] * len(STOP_BUCKETS_MS))
     pending: int = 0  # admitted, not yet handed to an instance
     executing: int = 0  # handed to an instance, not yet finished
+
+    def record_cancel_stop(self, delay_ns: int) -> None:
+        self.cancel_stop.add(delay_ns)
+        delay_ms = delay_ns / 1e6
+        for index, bound in enumerate(STOP_BUCKETS_MS):
+            if delay_ms <= bound:
+                self.cancel_stop_buckets[index] += 1

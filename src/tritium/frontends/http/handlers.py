@@ -128,23 +128,28 @@ class HttpApi:
         header_length = _header_length(headers.get("inference-header-content-length"), len(body))
         if header_length == 0:
             model = self.service.model(name, version)
-            spec = next(iter(model.inputs.values()))
             if len(model.inputs) != 1:
                 raise invalid(
                     "Raw binary request must only have 1 input, "
                     f"model '{name}' has {len(model.inputs)}"
                 )
+            spec = next(iter(model.inputs.values()))
             request = codec.decode_raw_binary_request(
-                body, spec, model.max_batch_size > 0, name, version
+                body, spec, model.max_batch_size > 0, name, version,
+                max_input_size=self.max_input_size,
             )
         else:
-            request = codec.decode_infer_request(body, header_length, name, version)
+            request = codec.decode_infer_request(
+                body, header_length, name, version, max_input_size=self.max_input_size
+            )
         response = await self._run(exchange, request, self.service.infer)
         if response is None:
             return
         assert request.model_version is not None
+        model = self.service.model(request.model_name, request.model_version)
         out_headers, parts = codec.encode_infer_response(
-            response, request, request.model_name, request.model_version
+            response, request, request.model_name, request.model_version,
+            max_batch_size=model.max_batch_size,
         )
         encoding, parts = codec.compress_response(parts, headers.get("accept-encoding"))
         if encoding is not None:
@@ -189,7 +194,9 @@ class HttpApi:
     def _generate_request(self, exchange: HttpExchange, match: Match) -> InferenceRequest:
         name, version = _model(match), parse_version(match.version)
         model = self.service.model(name, version)
-        return generate.decode_generate_request(self._body(exchange), model, version)
+        return generate.decode_generate_request(
+            self._body(exchange), model, version, max_input_size=self.max_input_size
+        )
 
     def _body(self, exchange: HttpExchange) -> bytes:
         request = exchange.request

@@ -1,0 +1,818 @@
+"""HTTP infer codec: KServe v2 JSON and binary-tensor bodies to core objects and back."""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tritium.core.errors import ErrorCode, TritiumError, invalid
+from tritium.core.request import (
+    SEQUENCE_END,
+    SEQUENCE_START,
+    InferenceRequest,
+    ParamValue,
+    RequestedOutput,
+)
+from tritium.core.response import InferenceResponse
+from tritium.core.types import DataType, Tensor, TensorSpec
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/octet-stream"
+DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
+MAX_JSON_DEPTH = 100
+
+Body = bytes | bytearray | memoryview
+Part = bytes | memoryview
+
+
+@dataclass(slots=True)
+class HttpOutputOptions:
+    """What the HTTP request said about output encoding, kept in ``frontend_state``."""
+
+    binary_data_output: bool = False  # default for outputs the request did not list
+
+
+_JSON_OUTPUTS = HttpOutputOptions(binary_data_output=False)
+
+
+class _Source(enum.Enum):
+    """Where an input's values travel."""
+
+    JSON = "data"
+    BINARY = "binary_data_size"
+    SHARED_MEMORY = "shared_memory_region"
+
+
+# --------------------------------------------------------------------------- request
+
+
+def decode_infer_request(
+    body: Body,
+    header_length: int | None,
+    model_name: str,
+    model_version: int | None,
+    *,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+) -> InferenceRequest:
+    """Decode an ``/infer`` body; ``header_length`` is Inference-Header-Content-Length."""
+    view = memoryview(body)
+    json_end = _json_header_end(len(view), header_length, max_input_size)
+    doc = parse_json_object(view[:json_end] if json_end != len(view) else view)
+    request = InferenceRequest(model_name=model_name, inputs={}, model_version=model_version)
+    request.id = _request_id(doc)
+    options = HttpOutputOptions()
+    _apply_parameters(request, options, doc.get("parameters"))
+    reader = _BinaryReader(view, json_end, header_length is not None, model_name)
+    request.inputs = _decode_inputs(doc, reader, request, max_input_size)
+    reader.finish()
+    request.requested_outputs = _decode_outputs(doc)
+    request.frontend_state = options
+    return request
+
+
+def decode_raw_binary_request(
+    body: Body,
+    spec: TensorSpec,
+    batched: bool,
+    model_name: str,
+    model_version: int | None,
+    *,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+) -> InferenceRequest:
+    """Decode a body sent with Inference-Header-Content-Length: 0: all of it is the data
+    of the model's only input (the caller checks the model has exactly one)."""
+    if len(body) > max_input_size:
+        raise invalid(
+            f"Raw input has a byte_size ({len(body)} bytes) that exceeds the maximum allowed "
+            f"value of {max_input_size} bytes. Use --http-max-input-size to increase the limit."
+        )
+    shape = _raw_shape(spec, batched, len(body))
+    label = _InputLabel(spec.name, model_name, "<id_unknown>")
+    if spec.datatype is DataType.BYTES:
+        # The body is the one element, without a length prefix.
+        data = bytes_array([bytes(body)]).reshape(shape)
+        tensor = Tensor(spec.name, spec.datatype, shape, data)
+    else:
+        tensor = _tensor_from_binary(label, spec.datatype, shape, math.prod(shape), body)
+    request = InferenceRequest(
+        model_name=model_name, inputs={spec.name: tensor}, model_version=model_version
+    )
+    request.frontend_state = HttpOutputOptions(binary_data_output=True)
+    return request
+
+
+def parse_json_object(data: Body) -> dict[str, Any]:
+    """Parse a JSON document that must be an object; INVALID_ARG otherwise."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"failed to parse the request JSON buffer: {exc}") from None
+    if type(doc) is not dict:
+        raise invalid("failed to parse the request JSON buffer: the document is not an object")
+    return doc
+
+
+def _json_header_end(body_length: int, header_length: int | None, limit: int) -> int:
+    if header_length is None:
+        end = body_length
+    elif 0 < header_length <= body_length:
+        end = header_length
+    elif header_length == 0:
+        # The handler must route these to decode_raw_binary_request: it needs the model.
+        raise invalid("a raw binary request (inference header size 0) needs the model's input")
+    else:
+        raise invalid(
+            f"inference header size should be in range (0, {body_length}), got: {header_length}"
+        )
+    if end > limit:
+        raise invalid(
+            f"request JSON size of {end} bytes exceeds the maximum allowed input size of "
+            f"{limit} bytes. Use --http-max-input-size to increase the limit."
+        )
+    return end
+
+
+def _raw_shape(spec: TensorSpec, batched: bool, byte_size: int) -> tuple[int, ...]:
+    shape = ([1] if batched else []) + list(spec.dims)
+    wildcards = [axis for axis, dim in enumerate(shape) if dim == -1]
+    if len(wildcards) > 1:
+        raise invalid(
+            f"The shape of the raw input '{spec.name}' can not be deduced because there are "
+            "more than one variable-sized dimension"
+        )
+    fixed = math.prod(dim for dim in shape if dim != -1)
+    if spec.datatype is DataType.BYTES:
+        if wildcards or fixed != 1:
+            raise invalid(
+                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+            )
+    elif wildcards:
+        unit = fixed * spec.datatype.itemsize
+        shape[wildcards[0]] = byte_size // unit if unit else 0
+    return tuple(shape)
+
+
+def _request_id(doc: dict[str, Any]) -> str:
+    value = doc.get("id", "")
+    if type(value) is not str:
+        raise invalid("Unable to parse 'id': expected a string")
+    return value
+
+
+# ------------------------------------------------------------------ request parameters
+
+
+def _unsigned(key: str, value: Any) -> int:
+    if type(value) is not int or not 0 <= value < 1 << 64:
+        raise invalid(f"Unable to parse '{key}': expected an unsigned integer")
+    return value
+
+
+def _boolean(key: str, value: Any) -> bool:
+    if type(value) is not bool:
+        raise invalid(f"Unable to parse '{key}': expected a boolean")
+    return value
+
+
+def _set_sequence_id(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
+    request.correlation_id = value if type(value) is str else _unsigned("sequence_id", value)
+
+
+def _set_sequence_start(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
+    if _boolean("sequence_start", value):
+        request.flags |= SEQUENCE_START
+
+
+def _set_sequence_end(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
+    if _boolean("sequence_end", value):
+        request.flags |= SEQUENCE_END
+
+
+def _set_priority(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
+    request.priority = _unsigned("priority", value)
+
+
+def _set_timeout(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
+    request.timeout_us = _unsigned("timeout", value)
+
+
+def _set_binary_output(_: InferenceRequest, options: HttpOutputOptions, value: Any) -> None:
+    options.binary_data_output = _boolean("binary_data_output", value)
+
+
+_PARAMETER_SETTERS: dict[str, Callable[[InferenceRequest, HttpOutputOptions, Any], None]] = {
+    "sequence_id": _set_sequence_id,
+    "sequence_start": _set_sequence_start,
+    "sequence_end": _set_sequence_end,
+    "priority": _set_priority,
+    "timeout": _set_timeout,
+    "binary_data_output": _set_binary_output,
+}
+_SCALAR_TYPES = frozenset((str, int, float, bool))
+_RESERVED_PARAMETERS = frozenset(("headers",))
+
+
+def _apply_parameters(request: InferenceRequest, options: HttpOutputOptions, params: Any) -> None:
+    if params is None:
+        return
+    if type(params) is not dict:
+        raise invalid("failed to get request params: 'parameters' must be a JSON object")
+    for key, value in params.items():
+        setter = _PARAMETER_SETTERS.get(key)
+        if setter is not None:
+            setter(request, options, value)
+        else:
+            request.parameters[key] = checked_parameter(key, value)
+
+
+def checked_parameter(key: str, value: Any) -> ParamValue:
+    """A request parameter the model may read; reserved keys and non-scalars are refused."""
+    if key.startswith("triton_") or key in _RESERVED_PARAMETERS:
+        raise invalid(
+            f"parameter key '{key}' is reserved for Triton usage and should not be specified."
+        )
+    return scalar_parameter(key, value)
+
+
+def scalar_parameter(key: str, value: Any) -> ParamValue:
+    """``value`` if JSON can hand it to a model as a parameter (no arrays, objects, null)."""
+    if type(value) not in _SCALAR_TYPES:
+        raise invalid(
+            f"parameter '{key}' has invalid type. It should be either 'int', 'bool', "
+            "'float' or 'string'."
+        )
+    return value
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+@dataclass(slots=True)
+class _InputLabel:
+    """How error messages name an input."""
+
+    name: str
+    model: str
+    request_id: str
+
+    @property
+    def prefix(self) -> str:
+        return f"[request id: {self.request_id}] "
+
+
+class _BinaryReader:
+    """Hands out the binary section of the body, input by input, without copying."""
+
+    __slots__ = ("_header_given", "_model", "_offset", "_view")
+
+    def __init__(self, view: memoryview, offset: int, header_given: bool, model: str):
+        self._view = view
+        self._offset = offset
+        self._header_given = header_given
+        self._model = model
+
+    def take(self, name: str, size: int) -> memoryview:
+        if size == 0:
+            return self._view[:0]
+        if not self._header_given:
+            raise invalid(
+                f"must specify valid '{HEADER_LENGTH}' in request header and "
+                "'binary_data_size' when passing inputs in binary data format"
+            )
+        end = self._offset + size
+        if end > len(self._view):
+            raise invalid(
+                f"unexpected size for input '{name}', expecting {end - len(self._view)} "
+                f"additional bytes for model '{self._model}'"
+            )
+        chunk = self._view[self._offset : end]
+        self._offset = end
+        return chunk
+
+    def finish(self) -> None:
+        if self._offset != len(self._view):
+            raise invalid(f"unexpected additional input data for model '{self._model}'")
+
+
+def _decode_inputs(
+    doc: dict[str, Any], reader: _BinaryReader, request: InferenceRequest, limit: int
+) -> dict[str, Tensor]:
+    items = doc.get("inputs")
+    if type(items) is not list:
+        raise invalid("Unable to parse 'inputs': expected a JSON array")
+    tensors: dict[str, Tensor] = {}
+    for item in items:
+        tensor = _decode_input(item, reader, request, limit)
+        if tensor.name in tensors:
+            raise invalid(
+                f"[request id: {request.describe()}] input '{tensor.name}' already exists in "
+                "request"
+            )
+        tensors[tensor.name] = tensor
+    return tensors
+
+
+def _decode_input(
+    item: Any, reader: _BinaryReader, request: InferenceRequest, limit: int
+) -> Tensor:
+    if type(item) is not dict:
+        raise invalid("Unable to parse 'inputs': each input must be a JSON object")
+    source, params = _input_source(item)
+    name = item.get("name")
+    if type(name) is not str:
+        raise invalid("Unable to parse 'name': expected a string")
+    datatype = _datatype(item.get("datatype"), name)
+    shape = _shape(item.get("shape"))
+    count = math.prod(shape)
+    label = _InputLabel(name, request.model_name, request.describe())
+    if source is _Source.BINARY:
+        size = params["binary_data_size"]
+        if type(size) is not int or size < 0:
+            raise invalid("Unable to parse 'binary_data_size': expected an unsigned integer")
+        return _tensor_from_binary(label, datatype, shape, count, reader.take(name, size))
+    if source is _Source.SHARED_MEMORY:
+        raise invalid(
+            f"input '{name}' uses shared memory, which is not supported by this server; "
+            "send its data in the request body"
+        )
+    return _tensor_from_json(name, datatype, shape, item["data"], limit)
+
+
+def _input_source(item: dict[str, Any]) -> tuple[_Source, dict[str, Any]]:
+    params = item.get("parameters", _NO_PARAMETERS)
+    if type(params) is not dict:
+        raise invalid("Unable to parse 'parameters': expected a JSON object")
+    found = ("data" in item, "binary_data_size" in params, "shared_memory_region" in params)
+    if sum(found) != 1:
+        raise _source_error(found)
+    return _SOURCES[found.index(True)], params
+
+
+_NO_PARAMETERS: dict[str, Any] = {}
+_SOURCES = (_Source.JSON, _Source.BINARY, _Source.SHARED_MEMORY)
+
+
+def _source_error(found: tuple[bool, bool, bool]) -> TritiumError:
+    pairs = zip(_SOURCES, found, strict=True)
+    named = [f"'{source.value}'" for source, present in pairs if present]
+    detail = " set " + " ".join(named) if named else " no field is set"
+    return invalid(
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+        f"'parameters', 'shared_memory_region' in 'parameters'. But{detail}"
+    )
+
+
+def _datatype(value: Any, name: str) -> DataType:
+    datatype = DataType.from_wire(value) if type(value) is str else None
+    if datatype is None:
+        raise invalid(f"invalid datatype '{value}' for input '{name}'")
+    return datatype
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    if type(value) is not list or any(type(d) is not int or d < 0 for d in value):
+        raise invalid("Unable to parse 'shape': expected an array of unsigned integers")
+    return tuple(value)
+
+
+def _tensor_from_binary(
+    label: _InputLabel, datatype: DataType, shape: tuple[int, ...], count: int, chunk: Body
+) -> Tensor:
+    if datatype is DataType.BYTES:
+        data = bytes_array(split_length_prefixed(bytes(chunk), count, label))
+    else:
+        expected = count * datatype.itemsize
+        if len(chunk) != expected:
+            raise invalid(
+                f"{label.prefix}input byte size mismatch for input '{label.name}' for model "
+                f"'{label.model}'. Expected {expected}, got {len(chunk)}"
+            )
+        # Zero-copy: the array is a view of the request body.
+        data = np.frombuffer(chunk, dtype=datatype.numpy)
+    return Tensor(label.name, datatype, shape, data.reshape(shape))
+
+
+_LENGTH = struct.Struct("<I")
+
+
+def split_length_prefixed(data: bytes, count: int, label: _InputLabel) -> list[bytes]:
+    """Split Triton's BYTES serialization (4-byte LE length, then the bytes) into elements."""
+    elements: list[bytes] = []
+    offset, end = 0, len(data)
+    unpack = _LENGTH.unpack_from
+    where = f"for inference input '{label.name}' for model '{label.model}'"
+    while offset < end:
+        if end - offset < 4:
+            raise invalid(
+                f"{label.prefix}incomplete string length indicator {where}, expecting 4 bytes "
+                f"but only {end - offset} bytes available"
+            )
+        (size,) = unpack(data, offset)
+        offset += 4
+        if offset + size > end:
+            raise invalid(
+                f"{label.prefix}incomplete string data {where}, expecting {size} bytes but "
+                f"only {end - offset} bytes available"
+            )
+        elements.append(data[offset : offset + size])
+        offset += size
+    if len(elements) != count:
+        raise invalid(
+            f"{label.prefix}expected {count} string elements {where}, got {len(elements)}"
+        )
+    return elements
+
+
+def bytes_array(elements: Sequence[bytes]) -> np.ndarray:
+    """A 1-D object array holding ``elements`` (numpy would otherwise make an 'S' array)."""
+    array = np.empty(len(elements), dtype=object)
+    array[:] = elements
+    return array
+
+
+def _tensor_from_json(
+    name: str, datatype: DataType, shape: tuple[int, ...], data: Any, limit: int
+) -> Tensor:
+    if type(data) is not list:
+        raise invalid("Unable to parse 'data': expected a JSON array")
+    # Clients send flat data; nested data (rows first) is rare, so one probe decides.
+    flat = flatten_json(data) if data and type(data[0]) is list else data
+    if len(flat) != math.prod(shape):
+        raise invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
+    array = array_from_json(flat, datatype, name)
+    if array.nbytes > limit:
+        raise invalid(
+            f"JSON input '{name}' has a byte_size ({array.nbytes} bytes) that exceeds the "
+            f"maximum allowed value of {limit} bytes. Use --http-max-input-size to increase "
+            "the limit."
+        )
+    return Tensor(name, datatype, shape, array.reshape(shape))
+
+
+def flatten_json(data: list[Any], depth: int = 1) -> list[Any]:
+    """Row-major leaves of nested JSON arrays."""
+    if depth >= MAX_JSON_DEPTH:
+        raise invalid(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})")
+    flat: list[Any] = []
+    for value in data:
+        if type(value) is list:
+            flat.extend(flatten_json(value, depth + 1))
+        else:
+            flat.append(value)
+    return flat
+
+
+_INTEGER = frozenset((int,))
+_NUMBER = frozenset((int, float))
+# FP16 and BF16 are absent: JSON cannot carry them (BF16's uint16 storage is no integer).
+_JSON_ELEMENT_TYPES: dict[DataType, frozenset[type]] = {
+    DataType.BOOL: frozenset((bool,)),
+    DataType.FP32: _NUMBER,
+    DataType.FP64: _NUMBER,
+    DataType.BYTES: frozenset((str,)),
+    **{t: _INTEGER for t in DataType if t.numpy.kind in "iu" and t is not DataType.BF16},
+}
+
+
+def array_from_json(flat: list[Any], datatype: DataType, name: str) -> np.ndarray:
+    """A 1-D array of ``datatype`` from JSON scalars, refusing values of the wrong JSON type."""
+    allowed = _JSON_ELEMENT_TYPES.get(datatype)
+    if allowed is None:
+        raise invalid(
+            f"receiving {datatype.wire} data via JSON is not supported. Please use the binary "
+            f"data format for input {name}"
+        )
+    found = set(map(type, flat))
+    if not found <= allowed:
+        bad = sorted(t.__name__ for t in found - allowed)
+        raise invalid(
+            f"Unable to parse 'data': input '{name}' of datatype {datatype.wire} cannot hold "
+            f"JSON values of type {', '.join(bad)}"
+        )
+    if datatype is DataType.BYTES:
+        return bytes_array([text.encode("utf-8", "surrogatepass") for text in flat])
+    try:
+        # Floats out of FP32 range become inf, as a C cast would make them.
+        with np.errstate(over="ignore"):
+            return np.array(flat, dtype=datatype.numpy)
+    except OverflowError:
+        raise invalid(
+            f"Unable to parse 'data': a value of input '{name}' is out of range for "
+            f"{datatype.wire}"
+        ) from None
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _decode_outputs(doc: dict[str, Any]) -> list[RequestedOutput] | None:
+    if "outputs" not in doc:
+        return None
+    items = doc["outputs"]
+    if type(items) is not list:
+        raise invalid("Unable to parse 'outputs': expected a JSON array")
+    # An empty list asks for nothing in particular, which means every output.
+    return [_decode_output(item) for item in items] or None
+
+
+def _decode_output(item: Any) -> RequestedOutput:
+    if type(item) is not dict:
+        raise invalid("Unable to parse 'outputs': each output must be a JSON object")
+    name = item.get("name")
+    if type(name) is not str:
+        raise invalid("Unable to parse 'name': expected a string")
+    params = item.get("parameters", {})
+    if type(params) is not dict:
+        raise invalid("Unable to parse 'parameters': expected a JSON object")
+    if "shared_memory_region" in params:
+        raise invalid(
+            f"output '{name}' asks for shared memory, which is not supported by this server"
+        )
+    if "binary_data" in params:
+        _boolean("binary_data", params["binary_data"])
+    if "classification" in params:
+        _unsigned("classification", params["classification"])
+    kept = {key: value for key, value in params.items() if type(value) in _SCALAR_TYPES}
+    return RequestedOutput(name, kept)
+
+
+# -------------------------------------------------------------------------- response
+
+
+def encode_infer_response(
+    response: InferenceResponse,
+    request: InferenceRequest,
+    model_name: str,
+    model_version: int,
+    *,
+    max_batch_size: int = 0,
+    labels: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[list[tuple[str, str]], list[Part]]:
+    """Response headers and body parts (JSON header first, then binary blobs in order).
+
+    ``max_batch_size`` tells classification whether the first dimension is the batch;
+    ``labels`` maps an output name to its class labels (from ``label_filename``).
+    """
+    options = request.frontend_state
+    if not isinstance(options, HttpOutputOptions):
+        options = _JSON_OUTPUTS
+    listed = _listed_outputs(request)
+    blobs: list[Part] = []
+    entries: list[dict[str, Any]] = []
+    for tensor in response.outputs:
+        classes: ParamValue = 0
+        if listed is None:
+            binary = options.binary_data_output
+        else:
+            params = listed.get(tensor.name)
+            if params is None:
+                continue
+            binary = params.get("binary_data") is True
+            classes = params.get("classification", 0)
+        if type(classes) is int and classes > 0:
+            tensor = classify(tensor, classes, max_batch_size > 0, labels)
+        entries.append(_output_entry(tensor, binary, blobs))
+    header = _dump_header(_response_header(response, request, model_name, model_version, entries))
+    if blobs:
+        headers = [("Content-Type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(len(header)))]
+    else:
+        headers = [("Content-Type", JSON_CONTENT_TYPE)]
+    return headers, [header, *blobs]
+
+
+def _listed_outputs(request: InferenceRequest) -> dict[str, dict[str, ParamValue]] | None:
+    if request.requested_outputs is None:
+        return None
+    return {output.name: output.parameters for output in request.requested_outputs}
+
+
+def _response_header(
+    response: InferenceResponse,
+    request: InferenceRequest,
+    model_name: str,
+    model_version: int,
+    entries: list[dict[str, Any]],
+) -> dict[str, Any]:
+    header: dict[str, Any] = {}
+    if request.id:
+        header["id"] = request.id
+    header["model_name"] = model_name
+    header["model_version"] = str(model_version)
+    if response.parameters:
+        header["parameters"] = response.parameters
+    header["outputs"] = entries
+    return header
+
+
+def _dump_header(header: dict[str, Any]) -> bytes:
+    try:
+        # Numpy scalars are welcome among response parameters.
+        return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError as exc:
+        raise TritiumError(
+            ErrorCode.INTERNAL, f"failed to write the response JSON: {exc}"
+        ) from None
+
+
+def _output_entry(tensor: Tensor, binary: bool, blobs: list[Part]) -> dict[str, Any]:
+    if tensor.data.size != tensor.element_count:
+        raise TritiumError(
+            ErrorCode.INTERNAL,
+            f"output tensor shape does not match size of output for '{tensor.name}'",
+        )
+    entry: dict[str, Any] = {
+        "name": tensor.name,
+        "datatype": tensor.datatype.wire,
+        "shape": list(tensor.shape),
+    }
+    if binary:
+        blob = tensor_bytes(tensor)
+        entry["parameters"] = {"binary_data_size": len(blob)}
+        if len(blob):
+            blobs.append(blob)
+    else:
+        entry["data"] = json_values(tensor)
+    return entry
+
+
+def tensor_bytes(tensor: Tensor) -> Part:
+    """The tensor in the binary layout: raw little-endian values, or length-prefixed BYTES."""
+    if tensor.datatype is DataType.BYTES:
+        return serialize_bytes(tensor.data)
+    array = _typed(tensor)
+    # A flat uint8 view: len() is the byte count and nothing is copied.
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+
+def serialize_bytes(data: np.ndarray) -> bytes:
+    """Triton's BYTES serialization of every element, row-major."""
+    pack = _LENGTH.pack
+    parts: list[bytes] = []
+    for element in _as_bytes(data):
+        parts.append(pack(len(element)))
+        parts.append(element)
+    return b"".join(parts)
+
+
+def _as_bytes(data: np.ndarray) -> Iterable[bytes]:
+    for element in data.reshape(-1).tolist():
+        if type(element) is bytes:
+            yield element
+        elif isinstance(element, str):
+            yield element.encode("utf-8")
+        elif isinstance(element, bytes | bytearray | memoryview):
+            yield bytes(element)
+        else:
+            yield str(element).encode("utf-8")
+
+
+def json_values(tensor: Tensor) -> list[Any]:
+    """The tensor's elements as a flat JSON array (BYTES as UTF-8 text)."""
+    if tensor.datatype is DataType.BYTES:
+        return [_text(tensor.name, element) for element in _as_bytes(tensor.data)]
+    if tensor.datatype is DataType.FP16 or tensor.datatype is DataType.BF16:
+        raise invalid(
+            f"sending {tensor.datatype.wire} data via JSON is not supported. Please use the "
+            "binary data format for output"
+        )
+    return _typed(tensor).reshape(-1).tolist()
+
+
+def _text(name: str, element: bytes) -> str:
+    try:
+        return element.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TritiumError(
+            ErrorCode.INTERNAL,
+            f"output '{name}' holds bytes that are not valid UTF-8, so it cannot be sent as "
+            "JSON; request it with binary_data set to true",
+        ) from None
+
+
+def _typed(tensor: Tensor) -> np.ndarray:
+    array = tensor.data
+    wanted = tensor.datatype.numpy
+    if array.dtype == wanted:
+        return array
+    if tensor.datatype is DataType.BF16 and array.dtype.itemsize == 2:
+        return np.ascontiguousarray(array).view(np.uint16)  # bfloat16 bit patterns
+    try:
+        return array.astype(wanted)
+    except (TypeError, ValueError) as exc:
+        raise TritiumError(
+            ErrorCode.INTERNAL,
+            f"output '{tensor.name}' holds {array.dtype} values that cannot be sent as "
+            f"{tensor.datatype.wire}: {exc}",
+        ) from None
+
+
+# -------------------------------------------------------------------- classification
+
+_CLASSIFIABLE = frozenset(t for t in DataType if t.numpy.kind in "iuf") - {
+    DataType.FP16,
+    DataType.BF16,
+}
+
+
+def classify(
+    tensor: Tensor, count: int, batched: bool, labels: Mapping[str, Sequence[str]] | None
+) -> Tensor:
+    """The top ``count`` classes of each batch entry as BYTES "<value>:<index>[:<label>]"."""
+    if tensor.datatype not in _CLASSIFIABLE:
+        raise invalid(
+            "class result not available for output due to unsupported type "
+            f"'{tensor.datatype.wire}'"
+        )
+    shape = tensor.shape
+    rows = shape[0] if batched and shape else 1
+    per_row = math.prod(shape[1:]) if batched and shape else math.prod(shape)
+    values = _typed(tensor).reshape(rows, per_row)
+    names = labels.get(tensor.name) if labels else None
+    fmt = "%f" if values.dtype.kind == "f" else "%d"
+    top = min(count, per_row)
+    classes: list[bytes] = []
+    for row in values:
+        for index in np.argsort(-row.astype(np.float64), kind="stable")[:top].tolist():
+            text = (fmt % row[index]) + f":{index}"
+            if names is not None and index < len(names):
+                text += f":{names[index]}"
+            classes.append(text.encode("utf-8"))
+    out_shape = (rows, top) if batched and shape else (top,)
+    return Tensor(tensor.name, DataType.BYTES, out_shape, bytes_array(classes).reshape(out_shape))
+
+
+# ---------------------------------------------------------------- errors, compression
+
+
+def encode_error(error: TritiumError) -> bytes:
+    """The body of an HTTP error response."""
+    return orjson.dumps({"error": error.message})
+
+
+# zlib window bits: 15 = zlib stream ("deflate" on the wire), 31 = gzip, 47 = either.
+_WBITS = {"gzip": 31, "deflate": 15}
+
+
+def decompress_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """Undo the request's Content-Encoding, refusing output larger than ``limit``."""
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in _WBITS:
+        raise invalid(
+            f"unsupported Content-Encoding '{content_encoding}'; use gzip, deflate or identity"
+        )
+    inflater = zlib.decompressobj(47)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise invalid(f"failed to decompress the {encoding} request body: {exc}") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise invalid(
+            f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. "
+            "Use --http-max-input-size to increase the limit."
+        )
+    if not inflater.eof:
+        raise invalid(f"failed to decompress the {encoding} request body: truncated data")
+    return out
+
+
+def choose_encoding(accept_encoding: str | None) -> str | None:
+    """gzip or deflate when Accept-Encoding prefers one (highest q wins), else None."""
+    best, best_weight = None, 0.0
+    for item in (accept_encoding or "").split(","):
+        coding, *params = item.split(";")
+        coding = coding.strip().lower()
+        weight = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        if coding in ("identity", "gzip", "deflate") and weight > best_weight:
+            best, best_weight = coding, weight
+    return best if best in _WBITS else None
+
+
+def compress_response(
+    parts: Iterable[Part], accept_encoding: str | None
+) -> tuple[str | None, list[Part]]:
+    """Compress the body per Accept-Encoding: (Content-Encoding or None, new parts)."""
+    encoding = choose_encoding(accept_encoding) if accept_encoding else None
+    if encoding is None:
+        return None, list(parts)
+    deflater = zlib.compressobj(wbits=_WBITS[encoding])
+    chunks = [deflater.compress(part) for part in parts]
+    chunks.append(deflater.flush())
+    return encoding, [b"".join(chunks)]

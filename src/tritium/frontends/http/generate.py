@@ -1,0 +1,169 @@
+"""Generate-extension codec: flat JSON objects to requests, responses to JSON and SSE events."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tritium.core.errors import ErrorCode, TritiumError, invalid
+from tritium.core.model import ModelHandle
+from tritium.core.request import InferenceRequest
+from tritium.core.response import InferenceResponse
+from tritium.core.types import DataType, Tensor, TensorSpec
+from tritium.frontends.http.codec import (
+    DEFAULT_MAX_INPUT_SIZE,
+    array_from_json,
+    json_values,
+    parse_json_object,
+    scalar_parameter,
+)
+
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+# A key whose value is an object of more keys, each mapped like a top-level key.
+NESTED_KEY = "parameters"
+
+
+class _InputBudget:
+    """Bytes of input data accepted so far, against --http-max-input-size."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+
+    def spend(self, name: str, byte_size: int) -> None:
+        if self.used + byte_size > self.limit:
+            raise invalid(
+                f"request size of {self.used} bytes with input '{name}' of size {byte_size} "
+                f"bytes exceeds the maximum allowed input size of {self.limit}. Use "
+                "--http-max-input-size to increase the limit."
+            )
+        self.used += byte_size
+
+
+def decode_generate_request(
+    body: bytes | bytearray | memoryview,
+    model: ModelHandle,
+    model_version: int | None,
+    *,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+) -> InferenceRequest:
+    """Map a generate body onto ``model``: input names become tensors, other keys
+    become request parameters."""
+    doc = parse_json_object(body) if len(body) else {}
+    request = InferenceRequest(model_name=model.name, inputs={}, model_version=model_version)
+    request_id = doc.get("id", "")
+    if type(request_id) is not str:
+        raise invalid("Unable to parse 'id': expected a string")
+    request.id = request_id
+    budget = _InputBudget(max_input_size)
+    for key, value in doc.items():
+        if key == NESTED_KEY:
+            _map_nested(request, model, value, budget)
+        else:
+            _map_key(request, model, key, value, budget)
+    return request
+
+
+def _map_nested(
+    request: InferenceRequest, model: ModelHandle, value: Any, budget: _InputBudget
+) -> None:
+    if NESTED_KEY in model.inputs:
+        raise invalid(
+            f"Keyword '{NESTED_KEY}' for nested schema also given as input tensor name"
+        )
+    if type(value) is not dict:
+        raise invalid(f"Expected JSON object for keyword: '{NESTED_KEY}'")
+    try:
+        for key, item in value.items():
+            _map_key(request, model, key, item, budget)
+    except TritiumError as exc:
+        raise TritiumError(exc.code, f"Converting keyword: '{NESTED_KEY}': {exc.message}") from None
+
+
+def _map_key(
+    request: InferenceRequest, model: ModelHandle, key: str, value: Any, budget: _InputBudget
+) -> None:
+    spec = model.inputs.get(key)
+    if spec is None:
+        request.parameters[key] = scalar_parameter(key, value)
+        return
+    tensor = _tensor(spec, model.max_batch_size > 0, value, budget)
+    request.inputs[key] = tensor
+
+
+def _tensor(spec: TensorSpec, batched: bool, value: Any, budget: _InputBudget) -> Tensor:
+    elements = value if type(value) is list else [value]
+    # Arrays inside arrays cannot be laid out: the model's shape is the only guide.
+    data = array_from_json(elements, spec.datatype, spec.name)
+    budget.spend(spec.name, _byte_size(spec.datatype, data))
+    dims = ((-1,) if batched else ()) + spec.dims
+    shape = generate_shape(dims, len(elements))
+    if shape is None:
+        raise invalid(
+            f"The schema can not convert input '{spec.name}' to tensor with proper shape"
+        )
+    return Tensor(spec.name, spec.datatype, shape, data.reshape(shape))
+
+
+def _byte_size(datatype: DataType, data: np.ndarray) -> int:
+    if datatype is not DataType.BYTES:
+        return data.nbytes
+    # Serialized size: a 4-byte length before each element.
+    return sum(map(len, data.tolist())) + 4 * data.size
+
+
+def generate_shape(dims: tuple[int, ...], count: int) -> tuple[int, ...] | None:
+    """Lay ``count`` values out on ``dims`` (-1 = variable) as Triton's generate does:
+    fixed dims must divide the count, the innermost -1 takes what remains, other -1 are 1.
+    None when the count does not fit."""
+    remaining = count
+    for dim in dims:
+        if dim > 0:
+            if remaining % dim:
+                return None
+            remaining //= dim
+    shape = list(dims)
+    for axis in range(len(shape) - 1, -1, -1):
+        if shape[axis] == -1:
+            shape[axis] = remaining
+            remaining = 1
+    return tuple(shape) if math.prod(shape) == count else None
+
+
+def encode_generate_response(
+    response: InferenceResponse, request: InferenceRequest, model_name: str, model_version: int
+) -> bytes:
+    """One generate response: metadata, response parameters and outputs as top-level keys."""
+    doc: dict[str, Any] = {}
+    if request.id:
+        doc["id"] = request.id
+    doc["model_name"] = model_name
+    doc["model_version"] = str(model_version)
+    # Earlier keys win a name clash: metadata, then parameters, then outputs.
+    for key, value in response.parameters.items():
+        doc.setdefault(key, value)
+    for tensor in response.outputs:
+        if tensor.name not in doc:
+            values = json_values(tensor)
+            doc[tensor.name] = values[0] if len(values) == 1 else values
+    try:
+        return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError as exc:
+        raise TritiumError(
+            ErrorCode.INTERNAL, f"failed to write the generate response JSON: {exc}"
+        ) from None
+
+
+def sse_event(payload: bytes) -> bytes:
+    """One server-sent event carrying ``payload``."""
+    return b"data: " + payload + b"\n\n"
+
+
+def sse_error(error: TritiumError) -> bytes:
+    """An error as a server-sent event."""
+    return sse_event(orjson.dumps({"error": error.message}))
