@@ -30,13 +30,15 @@ class TritiumProcess:
         self.ports: dict[str, int] = {}
         self._changed = threading.Condition()
         self.proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> TritiumProcess:
         self.proc = subprocess.Popen(
             self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=self.env
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         self.wait_for_line("server ready", timeout)
         return self
 
@@ -80,14 +82,25 @@ class TritiumProcess:
         self.proc.send_signal(sig)
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
+        """SIGTERM, then wait; returns the exit code (killed if it outlives ``timeout``)."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
+            return self.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            return self.wait(timeout)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        if self._reader is not None:
+            self._reader.join(timeout)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        return code
 
     @property
     def pid(self) -> int:

@@ -57,7 +57,8 @@ def build_repository(repo: Path, record_dir: Path) -> Path:
               + _tensor("input", "INPUT0", "FP32", "16") + _tensor("input", "INPUT1", "FP32", "16")
               + _tensor("output", "OUTPUT0", "FP32", "16")
               + _tensor("output", "OUTPUT1", "FP32", "16")
-              + "instance_group [{ count: 2 kind: KIND_CPU }]\n",
+              + "instance_group [{ count: 2 kind: KIND_CPU }]\n"
+              + "version_policy { all {} }\n",
               versions=(1, 2))
     add_model(repo, "raises", "raises",
               _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1"))

@@ -15,6 +15,7 @@ from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.frontends.grpc.server import GrpcServer, start_grpc_server
 from tritium.frontends.http.handlers import HttpApi
 from tritium.frontends.http.transport import HttpLimits, HttpServer, start_http_server
+from tritium.metrics.server import MetricsServer
 from tritium.repository.manager import ModelManager
 
 log = logging.getLogger("tritium.server")
@@ -38,10 +39,14 @@ async def serve(config: ServerConfig) -> int:
     _log_models(manager)
     http = await _start_http(config, service) if config.allow_http else None
     grpc = await _start_grpc(config, service) if config.allow_grpc else None
+    metrics = _start_metrics(config, manager) if config.allow_metrics else None
     log.info("server ready: %d model(s) loaded", len(manager.loaded_models()))
 
     await stop.wait()
-    return await _shutdown(config, service, manager, http, grpc)
+    code = await _shutdown(config, service, manager, http, grpc)
+    if metrics is not None:
+        metrics.stop()
+    return code
 
 
 def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop
@@ -77,6 +82,13 @@ async def _start_http(config: ServerConfig, service: InferenceService) -> HttpSe
 async def _start_grpc(config: ServerConfig, service: InferenceService) -> GrpcServer:
     server = await start_grpc_server(service, config.grpc_address, config.grpc_port)
     log.info("gRPC endpoint listening on %s:%d", config.grpc_address, server.port)
+    return server
+
+
+def _start_metrics(config: ServerConfig, manager: ModelManager) -> MetricsServer:
+    server = MetricsServer(manager.loaded_models, config.metrics_address, config.metrics_port)
+    server.start()
+    log.info("metrics endpoint listening on %s:%d", config.metrics_address, server.port)
     return server
 
 
