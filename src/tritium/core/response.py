@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,29 @@ class InferenceResponse:
     @classmethod
     def failure(cls, error: TritiumError, final: bool = True) -> InferenceResponse:
         return cls(error=error, final=final)
+
+
+_thread_state = threading.local()
+
+
+class DeferredWakes:
+    """Collects the wake-ups of streams sent to on this thread, so that one hop to the
+    loop delivers them all (an instance thread already makes that hop when ``execute``
+    returns; a second one per response would double the cross-thread cost)."""
+
+    def __enter__(self) -> list[ResponseStream]:
+        self.streams: list[ResponseStream] = []
+        _thread_state.deferred = self.streams
+        return self.streams
+
+    def __exit__(self, *exc: object) -> None:
+        _thread_state.deferred = None
+
+
+def wake_all(streams: list[ResponseStream]) -> None:
+    """Loop only: deliver what ``DeferredWakes`` held back."""
+    for stream in streams:
+        stream._wake()
 
 
 class StreamClosedError(TritiumError):
@@ -91,6 +115,10 @@ class ResponseStream:
             self._wake_pending = True
             if self._on_loop():
                 self._wake()
+                return
+            deferred = getattr(_thread_state, "deferred", None)
+            if deferred is not None:
+                deferred.append(self)
             else:
                 self._loop.call_soon_threadsafe(self._wake)
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest
-from tritium.core.response import InferenceResponse
+from tritium.core.response import DeferredWakes, InferenceResponse, ResponseStream, wake_all
 from tritium.execution.backend import InstanceInfo, ModelBackend
 
 log = logging.getLogger("tritium.execution")
@@ -101,14 +101,21 @@ class ModelInstance:
         # Checked again here: a request cancelled after dispatch never reaches the model.
         live = [r for r in batch if not r.cancellation.is_cancelled()]
         elapsed = -1
+        woken: list[ResponseStream] = []
         if live:
             started = time.monotonic_ns()
-            try:
-                self._backend.execute(live)  # type: ignore[union-attr]
-            except BaseException as exc:
-                _fail_batch(live, self.info.model_name, exc)
+            with DeferredWakes() as woken:
+                try:
+                    self._backend.execute(live)  # type: ignore[union-attr]
+                except BaseException as exc:
+                    _fail_batch(live, self.info.model_name, exc)
             elapsed = time.monotonic_ns() - started
-        self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed)
+        self._loop.call_soon_threadsafe(self._finish, batch, elapsed, woken)
+
+    def _finish(self, batch: list[InferenceRequest], elapsed: int,
+                woken: list[ResponseStream]) -> None:
+        wake_all(woken)
+        self._on_done(self, batch, elapsed)
 
     def _serve_async(self, model_loop: asyncio.AbstractEventLoop) -> None:
         asyncio.set_event_loop(model_loop)

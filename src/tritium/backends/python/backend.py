@@ -1,0 +1,169 @@
+"""PythonBackend: runs one instance of a model.py's TritonPythonModel for the core."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import types
+from collections.abc import Awaitable, Coroutine
+from typing import Any
+
+from tritium.backends.python import scope
+from tritium.backends.python.errors import TritonModelException, describe_exception
+from tritium.backends.python.importer import forget_module
+from tritium.backends.python.request import ReceivedRequest, RequestContext
+from tritium.backends.python.response import InferenceResponse
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.request import InferenceRequest as CoreRequest
+from tritium.core.response import InferenceResponse as CoreResponse
+from tritium.core.service import InferenceService
+
+log = logging.getLogger("tritium.backends.python")
+
+
+class PythonBackend:
+    """A ``tritium.execution.backend.ModelBackend`` for one TritonPythonModel instance.
+
+    ``execute`` never raises: whatever goes wrong in model code becomes an error
+    response for each request of that call that has not finished yet.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        model_name: str,
+        model_dir: str,
+        service: InferenceService | None,
+        context: RequestContext,
+        module: types.ModuleType | None = None,
+    ) -> None:
+        self.model = model
+        self.model_name = model_name
+        self.model_dir = model_dir
+        self.decoupled = context.decoupled
+        self.is_async = inspect.iscoroutinefunction(getattr(model, "execute", None))
+        self._service = service
+        self._context = context
+        self._module = module
+
+    def execute(self, requests: list[CoreRequest]) -> Awaitable[None] | None:
+        context = self._context
+        received = [ReceivedRequest(request, context) for request in requests]
+        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir, requests))
+        try:
+            result = self.model.execute(received)
+        except Exception as exc:
+            self._fail(received, describe_exception(exc), exc)
+            return None
+        finally:
+            scope.leave(token)
+        if inspect.iscoroutine(result):
+            return self._complete_async(requests, received, result)
+        self._deliver(received, result)
+        return None
+
+    def finalize(self) -> None:
+        finalize = getattr(self.model, "finalize", None)
+        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir))
+        try:
+            if finalize is not None:
+                finalize()
+        except Exception:
+            log.exception("finalize() of model '%s' failed", self.model_name)
+        finally:
+            scope.leave(token)
+            if self._module is not None:
+                forget_module(self._module)
+
+    async def _complete_async(
+        self,
+        requests: list[CoreRequest],
+        received: list[ReceivedRequest],
+        coroutine: Coroutine[Any, Any, Any],
+    ) -> None:
+        # Entered here, inside the task that runs the coroutine, so that BLS calls made by
+        # the coroutine (and tasks it starts) see these requests as their parents.
+        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir, requests))
+        try:
+            result = await coroutine
+        except Exception as exc:
+            self._fail(received, describe_exception(exc), exc)
+            return
+        finally:
+            scope.leave(token)
+        self._deliver(received, result)
+
+    # -- after the model returned ------------------------------------------------
+    def _deliver(self, received: list[ReceivedRequest], result: Any) -> None:
+        if self.decoupled:
+            if result is not None:
+                self._fail(
+                    received,
+                    f"Python model '{self.model_name}' is using the decoupled mode and the "
+                    "execute function must return None.",
+                )
+            return
+        problem = _returned_problem(received, result)
+        if problem is not None:
+            self._fail(received, problem)
+            return
+        for request, response in zip(received, result, strict=True):
+            self._finish(request, response)
+
+    def _finish(self, request: ReceivedRequest, response: InferenceResponse | None) -> None:
+        if response is not None:
+            try:
+                request.finish(response)
+            except (TritonModelException, TritiumError) as exc:
+                # Only a model thread racing this one on the same sender gets here.
+                log.error("model '%s': response not sent: %s", self.model_name, exc)
+            return
+        sender = request.get_response_sender()
+        if sender.responses_sent > 0:
+            sender.close_with(CoreResponse.final_flag())
+        else:
+            sender.close_with(
+                CoreResponse.failure(
+                    TritiumError(
+                        ErrorCode.INTERNAL,
+                        f"model '{self.model_name}' returned None for a request without "
+                        "sending its response through the response sender",
+                    )
+                )
+            )
+
+    def _fail(
+        self, received: list[ReceivedRequest], message: str, exc: BaseException | None = None
+    ) -> None:
+        text = f"Failed to process the request(s) for model '{self.model_name}', message: {message}"
+        log.error("%s", text, exc_info=exc)
+        failure = CoreResponse.failure(TritiumError(ErrorCode.INTERNAL, text))
+        for request in received:
+            # Closing every sender also stops a model thread from sending after this.
+            request.get_response_sender().close_with(failure)
+
+
+def _returned_problem(received: list[ReceivedRequest], result: Any) -> str | None:
+    """Why ``result`` is not an acceptable non-decoupled return value, if it is not."""
+    if not isinstance(result, list):
+        return f"Expected a list in the execute return, found type '{type(result)}'."
+    if len(result) != len(received):
+        return (
+            "Number of InferenceResponse objects do not match the number of "
+            f"InferenceRequest objects. InferenceRequest(s) size is:{len(received)}, and "
+            f"InferenceResponse(s) size is:{len(result)}\n"
+        )
+    for request, response in zip(received, result, strict=True):
+        if response is None:
+            continue
+        if not isinstance(response, InferenceResponse):
+            return (
+                "Expected an 'InferenceResponse' object in the execute function return "
+                f"list, found type '{type(response)}'."
+            )
+        if request._sender is not None:
+            try:
+                request._sender.check_returned()
+            except TritonModelException as exc:
+                return str(exc)
+    return None

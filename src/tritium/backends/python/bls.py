@@ -1,0 +1,231 @@
+"""BLS: a model's own inference requests, run through the same core as a client's.
+
+Children are submitted and read on the server loop (``service.loop``); the model's
+thread only waits on a future or a queue. A child's cancellation follows its parents
+(the requests the calling ``execute`` is running): with several parents, once all of
+them are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tritium.backends.python import scope
+from tritium.backends.python.errors import TritonModelException
+from tritium.backends.python.response import InferenceResponse, from_core
+from tritium.core.cancellation import Cancellation, CancelReason
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.request import InferenceRequest as CoreRequest
+from tritium.core.request import RequestedOutput
+from tritium.core.response import InferenceResponse as CoreResponse
+from tritium.core.response import ResponseStream
+from tritium.core.service import InferenceService
+from tritium.core.types import Tensor as CoreTensor
+
+if TYPE_CHECKING:
+    from tritium.backends.python.request import InferenceRequest
+
+
+def exec_blocking(request: InferenceRequest) -> InferenceResponse:
+    """``request.exec()``: wait on the calling thread for the child's one response."""
+    service, child, link = _start(request)
+    if _running_loop() is service.loop:
+        link.close()
+        raise TritonModelException("BLS exec() cannot block the server's event loop")
+    future = asyncio.run_coroutine_threadsafe(_run_single(service, child, link), service.loop)
+    return future.result()
+
+
+def exec_async(request: InferenceRequest) -> asyncio.Future[Any]:
+    """``request.async_exec()``: the same, awaited on the caller's running loop.
+
+    Cancelling the returned future cancels the child request.
+    """
+    caller_loop = asyncio.get_running_loop()
+    service, child, link = _start(request)
+    future = asyncio.run_coroutine_threadsafe(_run_single(service, child, link), service.loop)
+    return asyncio.wrap_future(future, loop=caller_loop)
+
+
+def exec_decoupled(request: InferenceRequest) -> ResponseIterator:
+    """``request.exec(decoupled=True)``: responses arrive on an iterator as they come."""
+    service, child, link = _start(request)
+    sink: queue.SimpleQueue[CoreResponse] = queue.SimpleQueue()
+    asyncio.run_coroutine_threadsafe(_pump(service, child, link, sink), service.loop)
+    return ResponseIterator(child.cancellation, sink)
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS call, ending after the FINAL one.
+
+    A flag-only FINAL is yielded as a response without outputs, as Triton does. Like
+    Triton's, iterating again after the end replays the responses.
+    """
+
+    def __init__(self, cancellation: Cancellation, sink: queue.SimpleQueue[CoreResponse]):
+        self._cancellation = cancellation
+        self._sink = sink
+        self._seen: list[InferenceResponse] = []
+        self._index = 0
+        self._finished = False
+
+    def __iter__(self) -> ResponseIterator:
+        if self._finished and self._index >= len(self._seen):
+            self._index = 0
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._finished:
+            if self._index < len(self._seen):
+                self._index += 1
+                return self._seen[self._index - 1]
+            raise StopIteration
+        core = self._sink.get()
+        response = from_core(core)
+        self._seen.append(response)
+        if core.final:
+            self._finished = True
+            self._index = len(self._seen)
+        return response
+
+    def cancel(self) -> None:
+        """Cancel the child request; a no-op once its last response arrived."""
+        if not self._finished:
+            self._cancellation.cancel(CancelReason.CLIENT_CANCELLED)
+
+    def __del__(self) -> None:
+        # Nobody can read the rest any more, so the child's work is not wanted.
+        # (Triton instead blocks here until the child finishes.)
+        if not self._finished:
+            self._cancellation.cancel(CancelReason.CLIENT_CANCELLED)
+
+
+class ParentLink:
+    """Cancels ``child`` once every parent is cancelled, until ``close`` detaches it."""
+
+    __slots__ = ("_child", "_parents")
+
+    def __init__(self, parents: Sequence[Cancellation], child: Cancellation):
+        self._parents = parents
+        self._child = child
+        if parents and self._all_cancelled():
+            child.cancel(CancelReason.PARENT_CANCELLED)
+            self._parents = ()
+        for parent in self._parents:
+            parent.add_callback(self._on_parent_cancelled)
+
+    def close(self) -> None:
+        for parent in self._parents:
+            parent.remove_callback(self._on_parent_cancelled)
+
+    def _on_parent_cancelled(self, _: Cancellation) -> None:
+        if self._all_cancelled():
+            self._child.cancel(CancelReason.PARENT_CANCELLED)
+
+    def _all_cancelled(self) -> bool:
+        return all(parent.is_cancelled() for parent in self._parents)
+
+
+def _start(request: InferenceRequest) -> tuple[InferenceService, CoreRequest, ParentLink]:
+    service = scope.current_service()
+    if service is None:
+        raise TritonModelException("BLS requests need a running tritium server")
+    child = child_request(request, Cancellation(service.loop))
+    parents = [parent.cancellation for parent in scope.current_parents()]
+    return service, child, ParentLink(parents, child.cancellation)
+
+
+def child_request(request: InferenceRequest, cancellation: Cancellation) -> CoreRequest:
+    """The core request a BLS ``InferenceRequest`` stands for (no tensor data copied)."""
+    inputs: dict[str, CoreTensor] = {}
+    for tensor in request._inputs:
+        core = tensor._core
+        # A fresh core Tensor: the core may reshape it, and the caller's must not change.
+        inputs[core.name] = CoreTensor(core.name, core.datatype, core.shape, core.data)
+    names = request._requested_output_names
+    return CoreRequest(
+        model_name=request._model_name,
+        inputs=inputs,
+        model_version=None if request._model_version < 0 else request._model_version,
+        id=request._request_id,
+        requested_outputs=[RequestedOutput(name) for name in names] if names else None,
+        parameters=dict(request._parameters),
+        correlation_id=request._correlation_id,
+        flags=request._flags,
+        timeout_us=request._timeout,
+        cancellation=cancellation,
+    )
+
+
+# -- on the server loop ----------------------------------------------------------------
+
+
+async def _run_single(
+    service: InferenceService, child: CoreRequest, link: ParentLink
+) -> InferenceResponse:
+    try:
+        stream = _submit(service, child, allow_decoupled=False)
+        return await _collect_single(stream)
+    except TritiumError as exc:
+        return from_core(CoreResponse.failure(exc))
+    except asyncio.CancelledError:
+        child.cancellation.cancel(CancelReason.CLIENT_CANCELLED)
+        raise
+    finally:
+        link.close()
+
+
+async def _collect_single(stream: ResponseStream) -> InferenceResponse:
+    result: CoreResponse | None = None
+    async for response in stream:
+        if response.error is not None:
+            return from_core(response)
+        if not response.flag_only:
+            result = response
+    if result is None:
+        empty = TritiumError(ErrorCode.INTERNAL, "Unexpected empty response.")
+        return from_core(CoreResponse.failure(empty))
+    return from_core(result)
+
+
+async def _pump(
+    service: InferenceService,
+    child: CoreRequest,
+    link: ParentLink,
+    sink: queue.SimpleQueue[CoreResponse],
+) -> None:
+    try:
+        stream = _submit(service, child, allow_decoupled=True)
+        async for response in stream:
+            sink.put(response)
+    except TritiumError as exc:
+        sink.put(CoreResponse.failure(exc))
+    except asyncio.CancelledError:
+        # The server loop is going away; the reader must not wait forever.
+        child.cancellation.cancel(CancelReason.SHUTDOWN)
+        sink.put(CoreResponse.failure(CancelReason.SHUTDOWN.to_error()))
+        raise
+    finally:
+        link.close()
+
+
+def _submit(service: InferenceService, child: CoreRequest, allow_decoupled: bool) -> ResponseStream:
+    if not allow_decoupled and service.model(child.model_name, child.model_version).decoupled:
+        raise TritiumError(
+            ErrorCode.UNSUPPORTED,
+            f"Model {child.model_name} is using the decoupled transaction policy. The current "
+            "BLS request call doesn't support models using the decoupled transaction policy. "
+            "Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+            "decoupled models.",
+        )
+    return service.submit(child, allow_decoupled=allow_decoupled)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

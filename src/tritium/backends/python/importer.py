@@ -1,0 +1,66 @@
+"""Imports model files under unique module names, and forgets them again."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import threading
+import types
+from pathlib import Path
+
+from tritium.backends.python.errors import describe_exception
+from tritium.core.errors import ErrorCode, TritiumError
+
+# sys.path and sys.modules are process-wide: one import at a time. Reentrant because a
+# failed import forgets its module while still holding it.
+_import_lock = threading.RLock()
+_module_ids = itertools.count()
+
+
+def import_model_file(path: Path) -> types.ModuleType:
+    """Import ``path`` as ``<unique package>.<stem>``.
+
+    The package's ``__path__`` is the version directory, so ``from . import helper``
+    works as it does in Triton (which imports ``<version>.model``); the version and
+    model directories are on sys.path while the file runs, for absolute imports.
+    """
+    if not path.is_file():
+        raise TritiumError(ErrorCode.INVALID_ARG, f"Python model file not found in '{path}'")
+    package_name = f"_tritium_model_{next(_module_ids)}"
+    package = types.ModuleType(package_name)
+    package.__path__ = [str(path.parent)]
+    spec = importlib.util.spec_from_file_location(f"{package_name}.{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    with _import_lock:
+        sys.modules[package_name] = package
+        sys.modules[spec.name] = module
+        added = [str(path.parent), str(path.parent.parent)]
+        sys.path.extend(added)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:
+            forget_module(module)
+            raise TritiumError(
+                ErrorCode.INVALID_ARG, f"failed to load '{path}': {describe_exception(exc)}"
+            ) from exc
+        finally:
+            for entry in added:
+                _remove_last(sys.path, entry)
+    return module
+
+
+def forget_module(module: types.ModuleType) -> None:
+    """Drop an imported model file, and whatever it imported relatively, from sys.modules."""
+    package_name = module.__name__.partition(".")[0]
+    with _import_lock:
+        for name in [n for n in sys.modules if n.partition(".")[0] == package_name]:
+            del sys.modules[name]
+
+
+def _remove_last(items: list[str], value: str) -> None:
+    for index in range(len(items) - 1, -1, -1):
+        if items[index] == value:
+            del items[index]
+            return

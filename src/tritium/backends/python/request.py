@@ -1,0 +1,238 @@
+"""pb_utils.InferenceRequest: built by a model for BLS, or wrapping a request it executes."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Container
+from typing import Any
+
+import orjson
+
+from tritium.backends.python import bls
+from tritium.backends.python.errors import TritonModelException
+from tritium.backends.python.pb_tensor import Tensor
+from tritium.backends.python.response import InferenceResponse, check_parameters, to_core
+from tritium.backends.python.sender import InferenceResponseSender
+from tritium.core.request import InferenceRequest as CoreRequest
+
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+
+class MemoryType(enum.IntEnum):
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+class PreferredMemory:
+    """Where BLS outputs should live; tritium keeps every tensor on the CPU."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+class InferenceTrace:
+    """Tracing is not implemented: a trace has no context."""
+
+    def get_context(self) -> str | None:
+        return None
+
+
+class InferenceRequest:
+    """A BLS request. Argument order and defaults are Triton's."""
+
+    __slots__ = (
+        "_correlation_id",
+        "_flags",
+        "_inputs",
+        "_model_name",
+        "_model_version",
+        "_parameters",
+        "_request_id",
+        "_requested_output_names",
+        "_timeout",
+        "_trace",
+    )
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        model_name: str | None = None,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        if inputs is None or requested_output_names is None or model_name is None:
+            raise TypeError(
+                "InferenceRequest needs 'inputs', 'requested_output_names' and 'model_name'"
+            )
+        if not isinstance(correlation_id, (int, str)):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs)
+        self._requested_output_names = list(dict.fromkeys(requested_output_names))
+        self._model_name = model_name
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._trace = trace or InferenceTrace()
+        self._parameters = check_parameters(parameters)
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return orjson.dumps(self._parameters).decode()
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        raise TritonModelException("A BLS request has no response sender")
+
+    def set_release_flags(self, flags: int) -> None:
+        raise TritonModelException("Release flags apply to requests being executed")
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run the request on the server; errors come back inside the response."""
+        if decoupled:
+            return bls.exec_decoupled(self)
+        return bls.exec_blocking(self)
+
+    def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
+        """Like ``exec``, awaitable from ``async def execute`` (submitted right away)."""
+        if decoupled:
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_result(bls.exec_decoupled(self))
+            return future
+        return bls.exec_async(self)
+
+
+class RequestContext:
+    """What every request an instance executes shares: the model's outputs and policy."""
+
+    __slots__ = ("decoupled", "output_names", "sorted_output_names")
+
+    def __init__(self, output_names: list[str], decoupled: bool) -> None:
+        self.output_names = frozenset(output_names)
+        self.sorted_output_names = sorted(self.output_names)
+        self.decoupled = decoupled
+
+
+class ReceivedRequest(InferenceRequest):
+    """A request being executed: a thin view of the core request (hot path, no copies)."""
+
+    __slots__ = ("_context", "_core", "_finished", "_input_list", "_sender")
+
+    def __init__(self, core: CoreRequest, context: RequestContext) -> None:
+        # Deliberately not calling InferenceRequest.__init__: nothing is copied up front.
+        self._core = core
+        self._context = context
+        self._input_list: list[Tensor] | None = None
+        self._sender: InferenceResponseSender | None = None
+        self._finished = False
+
+    def inputs(self) -> list[Tensor]:
+        if self._input_list is None:
+            self._input_list = [Tensor._wrap(tensor) for tensor in self._core.inputs.values()]
+        return self._input_list
+
+    def input_tensor(self, name: str) -> Tensor | None:
+        core = self._core.inputs.get(name)
+        return None if core is None else Tensor._wrap(core)
+
+    def request_id(self) -> str:
+        return self._core.id
+
+    def correlation_id(self) -> int | str:
+        return self._core.correlation_id
+
+    def flags(self) -> int:
+        return self._core.flags
+
+    def set_flags(self, flags: int) -> None:
+        raise TritonModelException("The flags of a received request cannot be changed")
+
+    def timeout(self) -> int:
+        return self._core.timeout_us
+
+    def parameters(self) -> str:
+        return orjson.dumps(self._core.parameters).decode()
+
+    def requested_output_names(self) -> list[str]:
+        # Triton keeps them in a std::set, so the model sees them sorted.
+        names = self._core.requested_output_names()
+        return self._context.sorted_output_names if names is None else sorted(set(names))
+
+    def model_name(self) -> str:
+        return self._core.model_name
+
+    def is_cancelled(self) -> bool:
+        return self._core.cancellation.is_cancelled()
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            self._sender = InferenceResponseSender(
+                self._core, self.wanted_outputs(), self._context.decoupled
+            )
+            # The backend already sent this request's last response without a sender.
+            self._sender.closed = self._finished
+        return self._sender
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
+            raise TritonModelException(
+                "Rescheduling requests (iterative sequences) is not supported yet"
+            )
+
+    def exec(self, decoupled: bool = False) -> Any:
+        raise TritonModelException("Only requests created by the model can be executed")
+
+    def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
+        raise TritonModelException("Only requests created by the model can be executed")
+
+    # -- for the backend -------------------------------------------------------
+    def wanted_outputs(self) -> Container[str]:
+        names = self._core.requested_output_names()
+        return self._context.output_names if names is None else frozenset(names)
+
+    def finish(self, response: InferenceResponse) -> None:
+        """Send ``response`` as this request's last (non-decoupled return path)."""
+        if self._sender is not None:
+            self._sender.send(response, 1)
+            return
+        self._finished = True
+        self._core.stream.send_nowait(to_core(response, self.wanted_outputs(), True))  # type: ignore[union-attr]

@@ -1,0 +1,93 @@
+"""pb_utils.InferenceResponse and its conversion to and from core responses."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Container
+from typing import Any
+
+from tritium.backends.python.errors import TritonError, TritonModelException
+from tritium.backends.python.pb_tensor import Tensor
+from tritium.core.response import InferenceResponse as CoreResponse
+
+
+class InferenceResponse:
+    """What a model returns or sends for one request (or receives from a BLS call)."""
+
+    __slots__ = ("_error", "_outputs", "_parameters")
+
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        outputs = [] if output_tensors is None else list(output_tensors)
+        for tensor in outputs:
+            if not isinstance(tensor, Tensor):
+                raise TypeError(
+                    f"output_tensors must hold pb_utils.Tensor objects, found "
+                    f"'{type(tensor).__name__}'"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError(f"error must be a pb_utils.TritonError, found '{type(error).__name__}'")
+        self._outputs = outputs
+        self._error = error
+        self._parameters = check_parameters(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    def __repr__(self) -> str:
+        if self._error is not None:
+            return f"InferenceResponse(error={self._error!r})"
+        return f"InferenceResponse({self._outputs!r})"
+
+
+def check_parameters(parameters: Any) -> dict[str, Any]:
+    """A copy of ``parameters`` after Triton's checks: str keys, bool/int/str values."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect dict, got {type(parameters).__name__}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key).__name__}"
+            )
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                "Expect parameters values to have type bool/int/str, found type "
+                f"{type(value).__name__}"
+            )
+    return dict(parameters)
+
+
+def to_core(response: InferenceResponse, wanted: Container[str], final: bool) -> CoreResponse:
+    """The core response for ``response``, keeping only the outputs in ``wanted``.
+
+    Triton prunes outputs that were not requested without a word; since requests are
+    validated against the config, that also drops outputs the config does not declare.
+    """
+    if response._error is not None:
+        return CoreResponse(error=response._error.to_core(), final=final)
+    outputs = [tensor._core for tensor in response._outputs if tensor._core.name in wanted]
+    return CoreResponse(outputs=outputs, parameters=response._parameters, final=final)
+
+
+def from_core(core: CoreResponse) -> InferenceResponse:
+    """A BLS caller's view of a core response (outputs wrap the same arrays)."""
+    response = InferenceResponse.__new__(InferenceResponse)
+    response._outputs = [Tensor._wrap(tensor) for tensor in core.outputs]
+    response._error = None if core.error is None else TritonError.from_core(core.error)
+    response._parameters = dict(core.parameters)
+    return response

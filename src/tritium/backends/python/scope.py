@@ -1,0 +1,56 @@
+"""Which requests the current model code is executing, for BLS parents and get_model_dir."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+
+from tritium.core.request import InferenceRequest as CoreRequest
+from tritium.core.service import InferenceService
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionScope:
+    """Set around a model's execute: a ContextVar follows both its thread and its asyncio
+    tasks, so a BLS call made from there finds its parents without being told."""
+
+    service: InferenceService | None
+    model_dir: str
+    requests: Sequence[CoreRequest] = ()
+
+
+_current: ContextVar[ExecutionScope | None] = ContextVar("tritium_python_scope", default=None)
+# Threads a model starts itself do not inherit context variables; their BLS calls use the
+# service of the most recently created python instance (one server per process) and
+# have no parent to follow.
+_fallback_service: InferenceService | None = None
+
+
+def enter(scope: ExecutionScope) -> Token[ExecutionScope | None]:
+    return _current.set(scope)
+
+
+def leave(token: Token[ExecutionScope | None]) -> None:
+    _current.reset(token)
+
+
+def current() -> ExecutionScope | None:
+    return _current.get()
+
+
+def register_service(service: InferenceService) -> None:
+    global _fallback_service
+    _fallback_service = service
+
+
+def current_service() -> InferenceService | None:
+    scope = _current.get()
+    if scope is not None and scope.service is not None:
+        return scope.service
+    return _fallback_service
+
+
+def current_parents() -> Sequence[CoreRequest]:
+    scope = _current.get()
+    return () if scope is None else scope.requests

@@ -1,0 +1,52 @@
+"""Reading what test models recorded and what the server's metrics say, with bounded waits."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import requests
+
+
+class Records:
+    """The JSON lines a recording test model appends: {"event", "id", "t"}."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def events(self, request_id: str) -> list[str]:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text().splitlines()
+        return [r["event"] for r in map(json.loads, lines) if r["id"] == request_id]
+
+    def wait_for(self, request_id: str, event: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while event not in self.events(request_id):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{event!r} never recorded for {request_id}: {self.events(request_id)}")
+            time.sleep(0.005)
+
+
+def metric(metrics_url: str, name: str, **labels: str) -> float:
+    """The value of one series on /metrics (0 if absent)."""
+    text = requests.get(metrics_url, timeout=10).text
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and line.split(" ")[0] != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_for_metric(metrics_url: str, name: str, value: float, timeout: float = 10.0,
+                    **labels: str) -> None:
+    deadline = time.monotonic() + timeout
+    while (current := metric(metrics_url, name, **labels)) != value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name}{labels} is {current}, expected {value}")
+        time.sleep(0.01)
