@@ -10,7 +10,6 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 import triton_python_backend_utils as pb_utils
-from tritium.backends.python.model_config import config_to_dict
 from tritium.backends.python.request import ReceivedRequest, RequestContext
 from tritium.backends.python.response import to_core
 from tritium.core.cancellation import CancelReason
@@ -64,10 +63,13 @@ def test_dlpack_round_trip() -> None:
     assert back.name() == "y"
 
 
-def test_bf16_tensor_cannot_become_numpy() -> None:
-    core = CoreTensor("b", DataType.BF16, (1,), np.zeros(1, dtype=np.uint16))
-    with pytest.raises(pb_utils.TritonModelException, match="BF16"):
-        pb_utils.Tensor._wrap(core).as_numpy()
+def test_bf16_tensor_round_trips_through_ml_dtypes() -> None:
+    raw = np.array([0x3F80, 0x4000], dtype=np.uint16)  # 1.0 and 2.0 as bfloat16
+    view = pb_utils.Tensor._wrap(CoreTensor("b", DataType.BF16, (2,), raw)).as_numpy()
+    assert view.astype(np.float32).tolist() == [1.0, 2.0]
+    again = pb_utils.Tensor("c", view)
+    assert again.triton_dtype() == DataType.BF16.code
+    assert again._core.data.tolist() == raw.tolist()
 
 
 # -- responses and errors --------------------------------------------------------------
@@ -245,7 +247,7 @@ def model_config(**fields: object) -> pb_utils.ModelConfig:
 def test_model_config_dict_has_triton_shape() -> None:
     config = model_config_pb2.ModelConfig(name="m")
     config.input.add(name="x", data_type=model_config_pb2.TYPE_FP32, dims=[-1, 3])
-    printed = config_to_dict(config)
+    printed = pb_utils.ModelConfig(config).as_dict()
     assert printed["input"][0]["dims"] == [-1, 3]
     assert printed["max_batch_size"] == 0 and printed["output"] == []
     assert "dynamic_batching" not in printed

@@ -6,14 +6,13 @@ import json
 from typing import Any
 
 from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2
 
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.repository.config import config_to_json
 
 _INPUT_KEYS = ("name", "data_type", "dims", "optional")
 _OUTPUT_KEYS = ("name", "data_type", "dims")
-_INT64_TYPES = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
 
 
 class ModelConfig:
@@ -29,7 +28,7 @@ class ModelConfig:
         elif isinstance(model_config, dict):
             self._model_config = model_config
         else:
-            self._model_config = config_to_dict(model_config)
+            self._model_config = config_to_json(model_config)
 
     def as_dict(self) -> dict[str, Any]:
         return self._model_config
@@ -143,38 +142,3 @@ def _merge_tensor(kind: str, current: dict[str, Any], tensor: dict[str, Any], mo
     current["dims"] = tensor["dims"]
     if "optional" in tensor:
         current["optional"] = tensor["optional"]
-
-
-def config_to_dict(config: Any) -> dict[str, Any]:
-    """Triton's JSON form: proto field names, scalar fields always printed, int64 as ints."""
-    printed = json_format.MessageToDict(
-        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    _restore_int64(config.DESCRIPTOR, printed)
-    return printed
-
-
-def _restore_int64(descriptor: Descriptor, printed: dict[str, Any]) -> None:
-    # Protobuf's JSON prints 64-bit integers as strings; Triton prints numbers.
-    for field in descriptor.fields:
-        if field.name in printed:
-            printed[field.name] = _restored(field, printed[field.name])
-
-
-def _restored(field: FieldDescriptor, value: Any) -> Any:
-    message = field.message_type
-    if message is not None and message.GetOptions().map_entry:
-        value_field = message.fields_by_name["value"]
-        return {key: _restored_single(value_field, item) for key, item in value.items()}
-    if field.is_repeated:
-        return [_restored_single(field, item) for item in value]
-    return _restored_single(field, value)
-
-
-def _restored_single(field: FieldDescriptor, value: Any) -> Any:
-    if field.message_type is not None:
-        _restore_int64(field.message_type, value)
-        return value
-    if field.cpp_type in _INT64_TYPES:
-        return int(value)
-    return value

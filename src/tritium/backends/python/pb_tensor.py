@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from tritium.backends.python.errors import TritonModelException
@@ -34,6 +35,7 @@ _CODE_TO_NUMPY: dict[int, Any] = {
     if t is not DataType.BF16
 }
 _CPU_DEVICE = (1, 0)  # kDLCPU, device 0
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 class Tensor:
@@ -43,6 +45,11 @@ class Tensor:
 
     def __init__(self, name: str, data: Any) -> None:
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
+        if array.dtype == _BFLOAT16:
+            # Kept as the raw 16-bit patterns, as the core stores BF16.
+            array = np.ascontiguousarray(array).view(np.uint16)
+            self._core = CoreTensor(name, DataType.BF16, tuple(array.shape), array)
+            return
         datatype = DataType.from_numpy(array.dtype)
         if datatype is None:
             raise TritonModelException(
@@ -65,10 +72,8 @@ class Tensor:
 
     def as_numpy(self) -> np.ndarray:
         if self._core.datatype is DataType.BF16:
-            raise TritonModelException(
-                "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and "
-                "from_dlpack() instead."
-            )
+            # Triton refuses here; ml_dtypes gives numpy a bfloat16, so tritium can answer.
+            return self._core.data.view(_BFLOAT16)
         return self._core.data
 
     def shape(self) -> list[int]:
