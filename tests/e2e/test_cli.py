@@ -1,0 +1,69 @@
+"""The command line: flags, startup report, and one-line failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.server_process import TritiumProcess
+from tests.zoo import add_model
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tritium", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["serve", "--no-such-flag"], "unrecognized arguments"),
+        (["serve", "--http-port", "70000"], "port must be between"),
+        (["serve", "--model-control-mode", "sometimes"], "invalid choice"),
+        (["serve", "--model-repository", "/definitely/not/here"], "is not a readable directory"),
+        (["serve", "--http-max-input-size", "0"], "positive"),
+    ],
+)
+def test_bad_invocations_exit_non_zero_with_one_line(args: list[str], fragment: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0]
+
+
+def test_startup_reports_models_and_endpoints(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    add_model(repo, "identity_fp32", "identity",
+              'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] }]\n'
+              'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1] }]\n')
+    add_model(repo, "bad_init", "bad_init",
+              'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [1] }]\n'
+              'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [1] }]\n')
+    server = TritiumProcess(repo).start()
+    try:
+        log = server.log()
+        assert "model 'identity_fp32' version 1: READY" in log
+        assert "model 'bad_init' version 1: UNAVAILABLE (" in log
+        assert "initialize refuses to start" in log
+        for endpoint in ("HTTP", "gRPC", "metrics"):
+            assert server.ports[endpoint] > 0, log
+        reply = requests.get(f"http://{server.http_url}/v2/health/live", timeout=10)
+        assert reply.status_code == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_default_repository_is_the_bundled_example() -> None:
+    server = TritiumProcess(Path("unused"))
+    server.args = [a for a in server.args if a not in ("--model-repository", "unused")]
+    server.start()
+    try:
+        for model in ("identity", "add_sub", "llm", "token_engine"):
+            assert f"model '{model}' version 1: READY" in server.log()
+    finally:
+        assert server.stop() == 0
