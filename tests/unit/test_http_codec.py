@@ -22,14 +22,12 @@ from tritium.frontends.http.codec import (
     HEADER_LENGTH,
     JSON_CONTENT_TYPE,
     HttpOutputOptions,
-    choose_encoding,
-    compress_response,
     decode_infer_request,
     decode_raw_binary_request,
-    decompress_body,
     encode_error,
     encode_infer_response,
 )
+from tritium.frontends.http.compression import choose_encoding, compress_response, decompress_body
 
 SAMPLES: dict[str, np.ndarray] = {
     "BOOL": np.array([[True, False, True], [False, False, True]]),

@@ -15,11 +15,10 @@ from tritium.core.response import InferenceResponse
 from tritium.core.types import DataType, Tensor, TensorSpec
 from tritium.frontends.http.codec import (
     DEFAULT_MAX_INPUT_SIZE,
-    array_from_json,
-    json_values,
     parse_json_object,
     scalar_parameter,
 )
+from tritium.frontends.http.tensor_data import array_from_json, json_values
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 # A key whose value is an object of more keys, each mapped like a top-level key.

@@ -13,7 +13,7 @@ from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.model import ModelMetadata
 from tritium.core.request import InferenceRequest
 from tritium.core.service import InferenceService
-from tritium.frontends.http import codec, generate
+from tritium.frontends.http import codec, compression, generate
 from tritium.frontends.http.routes import Match, NoRoute, Router
 from tritium.frontends.http.status import http_status
 from tritium.frontends.http.transport import HttpExchange
@@ -151,7 +151,7 @@ class HttpApi:
             response, request, request.model_name, request.model_version,
             max_batch_size=model.max_batch_size,
         )
-        encoding, parts = codec.compress_response(parts, headers.get("accept-encoding"))
+        encoding, parts = compression.compress_response(parts, headers.get("accept-encoding"))
         if encoding is not None:
             out_headers = [*out_headers, ("Content-Encoding", encoding)]
         exchange.respond(200, out_headers, parts)
@@ -203,7 +203,7 @@ class HttpApi:
         encoding = request.headers.get("content-encoding")
         if encoding is None:
             return request.body
-        return codec.decompress_body(request.body, encoding, self.max_input_size)
+        return compression.decompress_body(request.body, encoding, self.max_input_size)
 
     async def _run(self, exchange: HttpExchange, request: InferenceRequest,
                    call: Callable[[InferenceRequest], Any]) -> Any:

@@ -1,0 +1,212 @@
+"""One HTTP request and the writing of its response: framing, keep-alive, disconnect callbacks."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+import orjson
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from tritium.frontends.http.connection import HttpConnection
+
+logger = logging.getLogger("tritium.http")
+
+BodyPart = bytes | memoryview
+Body = BodyPart | list[BodyPart]
+
+# Bodies below this size are copied behind the head so the response leaves in one send;
+# larger ones are handed over as separate buffers of one writev, uncopied.
+_JOIN_BELOW = 16 * 1024
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n" for s in HTTPStatus}
+_CLOSE = "Connection: close\r\n"
+_KEEP_ALIVE = "Connection: keep-alive\r\n"
+_CHUNKED = "Transfer-Encoding: chunked\r\n"
+_LAST_CHUNK = b"0\r\n\r\n"
+_JSON = [("Content-Type", "application/json")]
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str  # without the query string, still percent-encoded
+    query: str
+    headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
+    body: bytes
+    http_version: str  # "1.0" or "1.1"
+    keep_alive: bool
+
+
+class _Progress(enum.Enum):
+    """How much of an exchange's response has been handed to the transport."""
+
+    NONE = "nothing sent"
+    STREAMING = "head and some chunks sent"
+    COMPLETE = "whole response queued"
+
+
+def encode_head(status: int, headers: list[tuple[str, str]], tail: str) -> bytes:
+    """Status line, the app's headers, the transport's own (``tail``), then the blank line."""
+    head = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n"
+    for name, value in headers:
+        head += f"{name}: {value}\r\n"
+    return f"{head}{tail}\r\n".encode("latin-1")
+
+
+def encode_error(status: int, message: str) -> bytes:
+    """A whole JSON error response after which the connection closes."""
+    body = orjson.dumps({"error": message})
+    return encode_head(status, _JSON, f"Content-Length: {len(body)}\r\n{_CLOSE}") + body
+
+
+def _nbytes(part: BodyPart) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
+def _byte_view(part: BodyPart) -> BodyPart:
+    # A typed memoryview (of float32, say) may be refused by a transport; a flat byte
+    # view of the same memory costs no copy.
+    if isinstance(part, memoryview) and part.format != "B":
+        return part.cast("B")
+    return part
+
+
+class HttpExchange:
+    """One request/response on a connection."""
+
+    __slots__ = ("_callbacks", "_chunked", "_conn", "_progress", "disconnected", "request")
+
+    def __init__(self, request: HttpRequest, conn: HttpConnection):
+        self.request = request
+        self.disconnected = False
+        self._conn = conn
+        self._progress = _Progress.NONE
+        self._callbacks: list[Callable[[], None]] | None = None
+        self._chunked = True
+
+    @property
+    def responded(self) -> bool:
+        """A complete response has been queued."""
+        return self._progress is _Progress.COMPLETE
+
+    def add_disconnect_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, on the loop, if the peer leaves before the response is done.
+
+        Runs it at once when the peer has already left.
+        """
+        if self.disconnected:
+            callback()
+        elif self._progress is not _Progress.COMPLETE:
+            if self._callbacks is None:
+                self._callbacks = [callback]
+            else:
+                self._callbacks.append(callback)
+
+    def remove_disconnect_callback(self, callback: Callable[[], None]) -> None:
+        if self._callbacks and callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def respond(self, status: int, headers: list[tuple[str, str]], body: Body = b"") -> None:
+        """Queue the whole response; the transport adds Content-Length and Connection."""
+        self._advance(_Progress.NONE, _Progress.COMPLETE)
+        if self.disconnected:
+            return
+        request = self.request
+        conn = self._conn
+        closing = conn.closing or not request.keep_alive
+        connection = _CLOSE if closing else _KEEP_ALIVE if request.http_version == "1.0" else ""
+        parts: list[BodyPart]
+        if type(body) is bytes:  # the hot path: one buffer
+            size = len(body)
+            parts = [body]
+        else:
+            parts = body if isinstance(body, list) else [body]
+            size = sum(map(_nbytes, parts))
+        head = encode_head(status, headers, f"Content-Length: {size}\r\n{connection}")
+        if request.method == "HEAD" or status < 200 or status in (204, 304):
+            size = 0  # no body on the wire, whatever Content-Length says
+        self._write(head, parts, size)
+        if closing:
+            conn.close()
+
+    def start_stream(self, status: int, headers: list[tuple[str, str]]) -> None:
+        """Send a head whose body follows in chunks (to an HTTP/1.0 peer: unframed, then close)."""
+        self._advance(_Progress.NONE, _Progress.STREAMING)
+        if self.disconnected:
+            return
+        if self.request.http_version == "1.0":
+            self._chunked = False
+            tail = _CLOSE
+        elif self._conn.closing or not self.request.keep_alive:
+            tail = _CHUNKED + _CLOSE
+        else:
+            tail = _CHUNKED
+        self._write(encode_head(status, headers, tail))
+
+    def write_chunk(self, data: bytes) -> None:
+        """Send one piece of a streamed body now; an empty piece sends nothing."""
+        if self._progress is not _Progress.STREAMING:
+            raise RuntimeError(f"write_chunk() when the response has {self._progress.value}")
+        if self.disconnected or not data:
+            return
+        if not self._chunked:
+            self._write(data)
+        elif len(data) < _JOIN_BELOW:
+            self._write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            self._conn.transport.writelines([b"%x\r\n" % len(data), data, b"\r\n"])
+
+    def end_stream(self) -> None:
+        """Finish a streamed body."""
+        self._advance(_Progress.STREAMING, _Progress.COMPLETE)
+        if self.disconnected:
+            return
+        if self._chunked:
+            self._write(_LAST_CHUNK)
+        if not self._chunked or self._conn.closing or not self.request.keep_alive:
+            self._conn.close()
+
+    async def wait_writable(self) -> None:
+        """Return at once unless the transport asked us to stop writing; then wait for it."""
+        await self._conn.wait_writable()
+
+    def respond_internal_error(self, message: str) -> None:
+        """Answer 500 if no byte of a response was sent yet (for the transport's own use)."""
+        if self._progress is _Progress.NONE and not self.disconnected:
+            self.respond(500, _JSON, orjson.dumps({"error": message}))
+
+    def peer_left(self) -> None:
+        """Mark the exchange abandoned; run its callbacks if its response was unfinished."""
+        if self.disconnected:
+            return
+        self.disconnected = True
+        callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks or ():
+            try:
+                callback()
+            except Exception:
+                logger.exception("HTTP disconnect callback failed")
+
+    def _advance(self, expected: _Progress, to: _Progress) -> None:
+        if self._progress is not expected:
+            raise RuntimeError(f"the response has {self._progress.value} already")
+        self._progress = to
+        if to is _Progress.COMPLETE:
+            self._callbacks = None  # a finished exchange has nothing left to cancel
+
+    def _write(self, head: bytes, parts: list[BodyPart] | None = None, size: int = 0) -> None:
+        transport: asyncio.Transport = self._conn.transport
+        if not parts or not size:
+            transport.write(head)
+        elif size >= _JOIN_BELOW:
+            transport.writelines([head, *map(_byte_view, parts)])
+        elif len(parts) == 1:
+            transport.write(head + parts[0])
+        else:
+            transport.write(b"".join([head, *parts]))

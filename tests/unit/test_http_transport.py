@@ -1,0 +1,684 @@
+"""Byte-level tests of the HTTP/1.1 transport over raw loopback sockets, on asyncio and uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import uvloop
+
+from tritium.frontends.http.transport import (
+    App,
+    HttpExchange,
+    HttpLimits,
+    HttpRequest,
+    HttpServer,
+    start_http_server,
+)
+
+BOUND_S = 5.0  # generous: a wait that hits it means the behaviour is missing
+Runner = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Runner:
+    factory = uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
+
+    def runner(coro: Coroutine[Any, Any, None]) -> None:
+        with asyncio.Runner(loop_factory=factory, debug=True) as loop_runner:
+            loop_runner.run(coro)
+
+    return runner
+
+
+@contextlib.asynccontextmanager
+async def serving(app: App, **limits: Any) -> AsyncIterator[HttpServer]:
+    server = await start_http_server(app, "127.0.0.1", 0, HttpLimits(**limits))
+    try:
+        yield server
+    finally:
+        server.close()
+        server.close_idle_connections()
+        await bounded(server.wait_closed())
+
+
+async def bounded(awaitable: Awaitable[Any]) -> Any:
+    return await asyncio.wait_for(awaitable, BOUND_S)
+
+
+async def connect(server: HttpServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", server.port)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+async def read_response(reader: asyncio.StreamReader) -> Response:
+    head = await bounded(reader.readuntil(b"\r\n\r\n"))
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:-2]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = await bounded(reader.readexactly(int(headers["content-length"])))
+    elif headers.get("transfer-encoding") == "chunked":
+        body = await read_chunked(reader)
+    else:
+        body = await bounded(reader.read())
+    return Response(status, headers, body)
+
+
+async def read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        size = int(await bounded(reader.readuntil(b"\r\n")), 16)
+        data = await bounded(reader.readexactly(size + 2))
+        if size == 0:
+            return b"".join(parts)
+        parts.append(data[:-2])
+
+
+def request_bytes(path: str = "/", body: bytes = b"", extra: str = "",
+                  version: str = "1.1") -> bytes:
+    length = f"Content-Length: {len(body)}\r\n" if body else ""
+    return f"POST {path} HTTP/{version}\r\nHost: t\r\n{length}{extra}\r\n".encode() + body
+
+
+async def echo(exchange: HttpExchange) -> None:
+    request = exchange.request
+    exchange.respond(200, [("Content-Type", "text/plain"), ("X-Path", request.path)],
+                     request.body or request.method.encode())
+
+
+async def assert_closed(reader: asyncio.StreamReader) -> None:
+    assert await bounded(reader.read()) == b""
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            reader, writer = await connect(server)
+            for i in range(3):
+                writer.write(request_bytes(f"/r{i}", f"body {i}".encode()))
+                response = await read_response(reader)
+                assert (response.status, response.body) == (200, f"body {i}".encode())
+                assert response.headers["x-path"] == f"/r{i}"
+                assert response.headers["content-length"] == str(len(response.body))
+                assert "connection" not in response.headers
+            assert server.active_connections() == 1
+            writer.close()
+
+    run(scenario())
+
+
+def test_connection_close_is_echoed_and_the_socket_closes(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            reader, writer = await connect(server)
+            writer.write(request_bytes(extra="Connection: close\r\n") + request_bytes("/late"))
+            response = await read_response(reader)
+            assert response.headers["connection"] == "close"
+            await assert_closed(reader)  # the pipelined request after it is not answered
+            writer.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("extra", "stays_open"), [("", False), ("Connection: keep-alive\r\n", True)]
+)
+def test_http10_closes_unless_keep_alive_is_asked_for(
+    run: Runner, extra: str, stays_open: bool
+) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            reader, writer = await connect(server)
+            writer.write(request_bytes(body=b"x", extra=extra, version="1.0"))
+            response = await read_response(reader)
+            assert response.body == b"x"
+            if stays_open:
+                assert response.headers["connection"] == "keep-alive"
+                writer.write(request_bytes(body=b"y", extra=extra, version="1.0"))
+                assert (await read_response(reader)).body == b"y"
+            else:
+                assert response.headers["connection"] == "close"
+                await assert_closed(reader)
+            writer.close()
+
+    run(scenario())
+
+
+def test_request_fields(run: Runner) -> None:
+    seen: list[HttpRequest] = []
+
+    async def app(exchange: HttpExchange) -> None:
+        seen.append(exchange.request)
+        exchange.respond(200, [])
+
+    async def scenario() -> None:
+        async with serving(app) as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET /v2/models/a%20b?x=1&y=2 HTTP/1.1\r\nHost: t\r\n"
+                         b"X-Multi: one\r\nx-multi: two\r\n\r\n")
+            response = await read_response(reader)
+            assert (response.status, response.body) == (200, b"")
+            writer.close()
+
+    run(scenario())
+    (request,) = seen
+    assert (request.method, request.path, request.query) == ("GET", "/v2/models/a%20b", "x=1&y=2")
+    assert request.headers == {"host": "t", "x-multi": "one, two"}
+    assert (request.body, request.http_version, request.keep_alive) == (b"", "1.1", True)
+
+
+def test_pipelined_requests_are_served_one_after_another_in_order(run: Runner) -> None:
+    calls: list[tuple[str, bool]] = []
+    in_app = 0
+    most_in_app = 0
+
+    async def app(exchange: HttpExchange) -> None:
+        nonlocal in_app, most_in_app
+        in_app += 1
+        most_in_app = max(most_in_app, in_app)
+        previous_done = all(e.responded for e in finished)
+        calls.append((exchange.request.path, previous_done))
+        await asyncio.sleep(0)  # let the transport try (wrongly) to start the next one
+        await echo(exchange)
+        finished.append(exchange)
+        in_app -= 1
+
+    finished: list[HttpExchange] = []
+
+    async def scenario() -> None:
+        async with serving(app) as server:
+            reader, writer = await connect(server)
+            writer.write(b"".join(request_bytes(f"/{i}", f"{i}".encode()) for i in range(5)))
+            bodies = [(await read_response(reader)).body for _ in range(5)]
+            assert bodies == [b"0", b"1", b"2", b"3", b"4"]
+            writer.close()
+
+    run(scenario())
+    assert calls == [(f"/{i}", True) for i in range(5)]
+    assert most_in_app == 1
+
+
+def test_chunked_body_with_trailers_is_dechunked(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"5\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n")
+            assert (await read_response(reader)).body == b"hello world"
+            writer.write(request_bytes(body=b"again"))
+            assert (await read_response(reader)).body == b"again"
+            writer.close()
+
+    run(scenario())
+
+
+def test_expect_continue_gets_an_interim_response_before_the_body(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+            interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+            assert await bounded(reader.readexactly(len(interim))) == interim
+            writer.write(b"hello")
+            assert (await read_response(reader)).body == b"hello"
+            writer.close()
+
+    run(scenario())
+
+
+def assert_json_error(response: Response, status: int, fragment: str) -> None:
+    assert response.status == status
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["connection"] == "close"
+    assert fragment in json.loads(response.body)["error"]
+
+
+def test_expect_continue_with_a_body_over_the_limit_gets_413_at_once(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo, max_body_bytes=10) as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nContent-Length: 11\r\nExpect: 100-continue\r\n\r\n")
+            assert_json_error(await read_response(reader), 413, "--http-max-input-size")
+            await assert_closed(reader)
+            writer.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_head_over_the_limit_gets_431(run: Runner, complete: bool) -> None:
+    async def scenario() -> None:
+        async with serving(echo, max_header_bytes=1024) as server:
+            reader, writer = await connect(server)
+            head = b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 4000
+            writer.write(head + b"\r\n\r\n" if complete else head)
+            assert_json_error(await read_response(reader), 431, "1024")
+            await assert_closed(reader)
+            writer.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_body_over_the_limit_gets_413_naming_the_flag(run: Runner, framing: str) -> None:
+    async def scenario() -> None:
+        async with serving(echo, max_body_bytes=100) as server:
+            reader, writer = await connect(server)
+            if framing == "length":
+                writer.write(request_bytes(body=b"b" * 101))
+            else:
+                writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             + b"32\r\n" + b"b" * 50 + b"\r\n" + b"33\r\n" + b"b" * 51 + b"\r\n")
+            assert_json_error(await read_response(reader), 413, "--http-max-input-size")
+            await assert_closed(reader)
+            writer.close()
+
+    run(scenario())
+
+
+def test_too_many_chunks_gets_400(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo, max_chunks=4) as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         + b"1\r\nx\r\n" * 6 + b"0\r\n\r\n")
+            assert_json_error(await read_response(reader), 400, "chunks")
+            await assert_closed(reader)
+            writer.close()
+
+    run(scenario())
+
+
+def test_stalled_request_head_gets_408_and_close(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo, header_timeout_s=0.2) as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n")
+            assert_json_error(await read_response(reader), 408, "timed out")
+            writer.close()
+
+    run(scenario())
+
+
+def test_idle_keep_alive_connection_is_closed_silently(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo, keepalive_timeout_s=0.2) as server:
+            used_reader, used_writer = await connect(server)
+            used_writer.write(request_bytes(body=b"x"))
+            assert (await read_response(used_reader)).body == b"x"
+            fresh_reader, fresh_writer = await connect(server)
+            await assert_closed(used_reader)
+            await assert_closed(fresh_reader)
+            used_writer.close()
+            fresh_writer.close()
+
+    run(scenario())
+
+
+MALFORMED = {
+    "garbage": b"\x16\x03\x01 not http at all\r\n\r\n",
+    "bad chunk size": b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n",
+    "bad header char": b"GET / HTTP/1.1\r\nX-A: a\x01b\r\n\r\n",
+    "space in header name": b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("payload", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_request_gets_400_and_others_are_still_served(
+    run: Runner, payload: bytes
+) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            good_reader, good_writer = await connect(server)
+            bad_reader, bad_writer = await connect(server)
+            bad_writer.write(payload)
+            assert_json_error(await read_response(bad_reader), 400, "malformed")
+            await assert_closed(bad_reader)
+            good_writer.write(request_bytes(body=b"still here"))
+            assert (await read_response(good_reader)).body == b"still here"
+            good_writer.close()
+            bad_writer.close()
+
+    run(scenario())
+
+
+def test_malformed_request_behind_a_pipelined_one_is_answered_after_it(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            reader, writer = await connect(server)
+            writer.write(request_bytes(body=b"first") + MALFORMED["garbage"])
+            assert (await read_response(reader)).body == b"first"
+            assert_json_error(await read_response(reader), 400, "malformed")
+            await assert_closed(reader)
+            writer.close()
+
+    run(scenario())
+
+
+async def wait_for_condition(condition: Callable[[], bool]) -> None:
+    # The transport offers no event for "reading paused"; poll it, bounded.
+    async with asyncio.timeout(BOUND_S):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+
+def test_reading_pauses_while_too_many_requests_are_queued(run: Runner) -> None:
+    gate = asyncio.Event()
+
+    async def app(exchange: HttpExchange) -> None:
+        await gate.wait()
+        await echo(exchange)
+
+    async def scenario() -> None:
+        async with serving(app, max_pipeline=2) as server:
+            reader, writer = await connect(server)
+            writer.write(b"".join(request_bytes(body=f"{i}".encode()) for i in range(8)))
+            (conn,) = server._registry.connections
+            await wait_for_condition(lambda: conn.reading_paused)
+            gate.set()
+            bodies = [(await read_response(reader)).body for _ in range(8)]
+            assert bodies == [f"{i}".encode() for i in range(8)]
+            assert not conn.reading_paused
+            writer.write(request_bytes(body=b"after"))
+            assert (await read_response(reader)).body == b"after"
+            writer.close()
+
+    run(scenario())
+
+
+def test_streaming_waits_while_the_client_does_not_read(run: Runner) -> None:
+    chunk = bytes(range(256)) * 128  # 32 KiB: big enough for the no-copy path
+    count = 64
+    blocked = asyncio.Event()
+    written_when_blocked: list[int] = []
+
+    async def app(exchange: HttpExchange) -> None:
+        # A small fixed send buffer stops the kernel from absorbing megabytes first.
+        server_socket = exchange._conn.transport.get_extra_info("socket")
+        server_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+        exchange.start_stream(200, [("Content-Type", "application/octet-stream")])
+        for i in range(count):
+            exchange.write_chunk(chunk)
+            waiter = asyncio.ensure_future(exchange.wait_writable())
+            await asyncio.sleep(0)  # an unpaused wait finishes within this turn
+            if not waiter.done() and not blocked.is_set():
+                written_when_blocked.append(i + 1)
+                blocked.set()
+            await waiter
+        exchange.end_stream()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        async with serving(app) as server:
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                await loop.sock_connect(sock, ("127.0.0.1", server.port))
+                await loop.sock_sendall(sock, request_bytes())
+                await bounded(blocked.wait())
+                received = bytearray()
+                while not received.endswith(b"\r\n0\r\n\r\n"):
+                    data = await bounded(loop.sock_recv(sock, 1 << 20))
+                    assert data, "server closed mid-stream"
+                    received += data
+        head, _, body = bytes(received).partition(b"\r\n\r\n")
+        assert b"Transfer-Encoding: chunked" in head
+        reader = asyncio.StreamReader()
+        reader.feed_data(body)
+        assert await read_chunked(reader) == chunk * count
+
+    run(scenario())
+    assert written_when_blocked and written_when_blocked[0] < count
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_streamed_chunks_are_sent_at_once(run: Runner, version: str) -> None:
+    first_chunk_read = asyncio.Event()
+
+    async def app(exchange: HttpExchange) -> None:
+        exchange.start_stream(200, [("Content-Type", "text/event-stream")])
+        exchange.write_chunk(b"data: 1\n\n")
+        exchange.write_chunk(b"")  # must not end the stream
+        await first_chunk_read.wait()
+        exchange.write_chunk(b"data: 2\n\n")
+        exchange.end_stream()
+
+    async def scenario() -> None:
+        async with serving(app) as server:
+            reader, writer = await connect(server)
+            writer.write(request_bytes(version=version))
+            head = await bounded(reader.readuntil(b"\r\n\r\n"))
+            if version == "1.1":
+                assert b"Transfer-Encoding: chunked" in head
+                assert await bounded(reader.readuntil(b"\n\n\r\n")) == b"9\r\ndata: 1\n\n\r\n"
+                first_chunk_read.set()
+                assert await read_chunked(reader) == b"data: 2\n\n"
+                writer.write(request_bytes(version=version))  # still usable
+                assert b"Transfer-Encoding" in await bounded(reader.readuntil(b"\r\n\r\n"))
+            else:
+                assert b"Transfer-Encoding" not in head and b"Connection: close" in head
+                assert await bounded(reader.readuntil(b"\n\n")) == b"data: 1\n\n"
+                first_chunk_read.set()
+                assert await bounded(reader.read()) == b"data: 2\n\n"
+            writer.close()
+
+    run(scenario())
+
+
+class DisconnectProbe:
+    """An app that waits, as a real handler would, only for its disconnect callback."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.left = asyncio.Event()
+        self.calls = 0
+        self.seen_disconnected: list[bool] = []
+
+    async def __call__(self, exchange: HttpExchange) -> None:
+        self.calls += 1
+        exchange.add_disconnect_callback(self.left.set)
+        self.started.set()
+        await self.left.wait()
+        self.seen_disconnected.append(exchange.disconnected)
+
+
+def leave(writer: asyncio.StreamWriter, how: str) -> None:
+    if how == "reset":
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+    elif how == "half-close":
+        writer.write_eof()
+    else:
+        writer.close()
+
+
+@pytest.mark.parametrize("how", ["close", "reset", "half-close"])
+def test_client_leaving_mid_request_fires_the_disconnect_callback(run: Runner, how: str) -> None:
+    probe = DisconnectProbe()
+
+    async def scenario() -> None:
+        async with serving(probe) as server:
+            _, writer = await connect(server)
+            # A second, pipelined request must be dropped, never handed to the app.
+            writer.write(request_bytes(body=b"1") + request_bytes(body=b"2"))
+            await bounded(probe.started.wait())
+            leave(writer, how)
+            await bounded(probe.left.wait())
+            await bounded(server.wait_closed())
+            writer.close()
+
+    run(scenario())
+    assert probe.seen_disconnected == [True]
+    assert probe.calls == 1
+
+
+def test_client_leaving_after_its_response_fires_nothing(run: Runner) -> None:
+    fired: list[str] = []
+    exchanges: list[HttpExchange] = []
+    may_return = asyncio.Event()
+
+    async def app(exchange: HttpExchange) -> None:
+        exchanges.append(exchange)
+        exchange.add_disconnect_callback(lambda: fired.append("callback"))
+        await echo(exchange)
+        exchange.add_disconnect_callback(lambda: fired.append("late callback"))
+        await may_return.wait()  # still in the app when the client leaves
+
+    async def scenario() -> None:
+        async with serving(app) as server:
+            reader, writer = await connect(server)
+            writer.write(request_bytes(body=b"done"))
+            assert (await read_response(reader)).body == b"done"
+            writer.close()
+            await wait_for_condition(lambda: exchanges[0].disconnected)
+            may_return.set()
+            await bounded(server.wait_closed())
+            assert server.active_connections() == 0
+
+    run(scenario())
+    assert fired == []
+
+
+def test_callbacks_can_be_removed_and_late_ones_run_at_once(run: Runner) -> None:
+    fired: list[str] = []
+    probe = DisconnectProbe()
+
+    async def app(exchange: HttpExchange) -> None:
+        removed = lambda: fired.append("removed")  # noqa: E731
+        exchange.add_disconnect_callback(removed)
+        exchange.remove_disconnect_callback(removed)
+        await probe(exchange)
+        exchange.add_disconnect_callback(lambda: fired.append("late"))
+        fired.append("after add")
+        exchange.respond(200, [])  # a no-op now
+
+    async def scenario() -> None:
+        async with serving(app) as server:
+            _, writer = await connect(server)
+            writer.write(request_bytes())
+            await bounded(probe.started.wait())
+            writer.close()
+            await bounded(server.wait_closed())
+
+    run(scenario())
+    assert fired == ["late", "after add"]
+
+
+@pytest.mark.parametrize("failure", ["raises", "returns without responding"])
+def test_failing_app_gets_500_and_close(
+    run: Runner, failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def app(exchange: HttpExchange) -> None:
+        if failure == "raises":
+            raise ValueError("boom")
+
+    async def scenario() -> None:
+        async with serving(app) as server:
+            reader, writer = await connect(server)
+            writer.write(request_bytes())
+            response = await read_response(reader)
+            assert response.status == 500
+            assert response.headers["connection"] == "close"
+            assert "error" in json.loads(response.body)
+            await assert_closed(reader)
+            writer.close()
+
+    with caplog.at_level(logging.ERROR, logger="tritium.http"):
+        run(scenario())
+    assert any(r.name == "tritium.http" for r in caplog.records)
+    if failure == "raises":
+        assert "boom" in caplog.text
+
+
+def test_close_idle_connections_spares_busy_ones(run: Runner) -> None:
+    gate = asyncio.Event()
+    started = asyncio.Event()
+
+    async def app(exchange: HttpExchange) -> None:
+        if exchange.request.path == "/slow":
+            started.set()
+            await gate.wait()
+        await echo(exchange)
+
+    async def scenario() -> None:
+        async with serving(app) as server:
+            idle_reader, idle_writer = await connect(server)
+            idle_writer.write(request_bytes(body=b"idle"))
+            assert (await read_response(idle_reader)).body == b"idle"
+            busy_reader, busy_writer = await connect(server)
+            busy_writer.write(request_bytes("/slow", b"busy"))
+            await bounded(started.wait())
+            server.close()
+            server.close_idle_connections()
+            await assert_closed(idle_reader)
+            gate.set()
+            assert (await read_response(busy_reader)).body == b"busy"
+            busy_writer.write(request_bytes(body=b"still served"))
+            assert (await read_response(busy_reader)).body == b"still served"
+            assert server.active_connections() == 1
+            idle_writer.close()
+            busy_writer.close()
+
+    run(scenario())
+
+
+def test_list_and_memoryview_bodies_are_framed_by_byte_count(run: Runner) -> None:
+    big = memoryview(bytearray(range(256)) * 256).cast("B").cast("H")  # 64 KiB of uint16
+
+    async def app(exchange: HttpExchange) -> None:
+        exchange.respond(200, [], [b"json", big, memoryview(b"tail")])
+
+    async def scenario() -> None:
+        async with serving(app) as server:
+            reader, writer = await connect(server)
+            writer.write(request_bytes())
+            response = await read_response(reader)
+            assert response.body == b"json" + big.tobytes() + b"tail"
+            writer.close()
+
+    run(scenario())
+
+
+def test_head_response_has_length_but_no_body(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            reader, writer = await connect(server)
+            writer.write(b"HEAD /h HTTP/1.1\r\n\r\n" + request_bytes(body=b"next"))
+            head = await bounded(reader.readuntil(b"\r\n\r\n"))
+            assert b"Content-Length: 4\r\n" in head  # the length a GET would have had
+            assert (await read_response(reader)).body == b"next"
+            writer.close()
+
+    run(scenario())
+
+
+def test_upgrade_request_is_answered_as_plain_http(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            reader, writer = await connect(server)
+            writer.write(b"GET /u HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+                         + request_bytes(body=b"after upgrade"))
+            assert (await read_response(reader)).body == b"GET"
+            assert (await read_response(reader)).body == b"after upgrade"
+            writer.close()
+
+    run(scenario())
