@@ -73,6 +73,16 @@ def test_generate_stream_through_bls_front_model(server: TritiumProcess) -> None
     assert [e["text_output"] for _, e in events] == ["one ", "two ", "one ", "two "]
 
 
+def test_bls_front_model_streams_tokens_as_the_engine_makes_them(server: TritiumProcess) -> None:
+    body = {"text_input": "a b", "max_tokens": 12, "stream": True}
+    with requests.post(url(server, "llm", "generate_stream"), json=body, stream=True,
+                       timeout=30) as reply:
+        events = sse_events(reply)
+    assert len(events) == 12
+    # 20 ms per token: relayed one by one, the first arrives long before the last.
+    assert events[-1][0] - events[0][0] > 0.15
+
+
 def test_generate_refuses_many_responses(server: TritiumProcess) -> None:
     reply = requests.post(url(server, "repeat", "generate"), json={"INPUT0": 3}, timeout=30)
     assert reply.status_code >= 400

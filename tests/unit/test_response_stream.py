@@ -8,7 +8,14 @@ import threading
 import pytest
 
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.response import InferenceResponse, ResponseStream, StreamClosedError
+from tritium.core.response import (
+    DeferredWakes,
+    ImmediateWakes,
+    InferenceResponse,
+    ResponseStream,
+    StreamClosedError,
+    wake_all,
+)
 
 
 def test_responses_from_a_thread_arrive_in_order() -> None:
@@ -61,5 +68,31 @@ def test_on_done_runs_once_after_final() -> None:
         late = InferenceResponse.failure(TritiumError(ErrorCode.CANCELLED, "x"))
         assert not stream.close_with(late)
         assert calls == [1]
+
+    asyncio.run(scenario())
+
+
+def test_deferred_wakes_hold_back_until_woken_and_immediate_wakes_do_not() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        held, direct = ResponseStream(loop), ResponseStream(loop)
+        woken: list[ResponseStream] = []
+
+        def produce() -> None:
+            with DeferredWakes() as streams:
+                held.send_nowait(InferenceResponse())
+                with ImmediateWakes():
+                    direct.send_nowait(InferenceResponse())
+                woken.extend(streams)
+
+        waiting = asyncio.ensure_future(held.receive())
+        await asyncio.sleep(0)
+        await loop.run_in_executor(None, produce)
+        assert (await asyncio.wait_for(direct.receive(), 5)).final
+        assert woken == [held]
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # nobody told the loop yet
+        wake_all(woken)
+        assert (await asyncio.wait_for(waiting, 5)).final
 
     asyncio.run(scenario())

@@ -54,6 +54,18 @@ class DeferredWakes:
         _thread_state.deferred = None
 
 
+class ImmediateWakes:
+    """Suspends ``DeferredWakes`` while model code runs: what a model sends itself
+    (a token of a stream, say) must reach its client now, not when ``execute`` returns."""
+
+    def __enter__(self) -> None:
+        self._saved = getattr(_thread_state, "deferred", None)
+        _thread_state.deferred = None
+
+    def __exit__(self, *exc: object) -> None:
+        _thread_state.deferred = self._saved
+
+
 def wake_all(streams: list[ResponseStream]) -> None:
     """Loop only: deliver what ``DeferredWakes`` held back."""
     for stream in streams:

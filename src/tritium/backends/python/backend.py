@@ -15,6 +15,7 @@ from tritium.backends.python.request import ReceivedRequest, RequestContext
 from tritium.backends.python.response import InferenceResponse
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest as CoreRequest
+from tritium.core.response import ImmediateWakes
 from tritium.core.response import InferenceResponse as CoreResponse
 from tritium.core.service import InferenceService
 
@@ -51,7 +52,8 @@ class PythonBackend:
         received = [ReceivedRequest(request, context) for request in requests]
         token = scope.enter(scope.ExecutionScope(self._service, self.model_dir, requests))
         try:
-            result = self.model.execute(received)
+            with ImmediateWakes():
+                result = self.model.execute(received)
         except Exception as exc:
             self._fail(received, describe_exception(exc), exc)
             return None
