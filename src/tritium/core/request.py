@@ -52,6 +52,9 @@ class InferenceRequest:
     cancellation: Cancellation = field(default_factory=Cancellation)
     # Filled in by the core when the request is admitted.
     batch_size: int = 1
+    batched: bool = False  # the model batches: the first dimension is the batch
+    # Made by a model (BLS), not by a client: still admitted while the server drains.
+    internal: bool = False
     stage: RequestStage = RequestStage.CREATED
     # Where the model's responses go; set when the core admits the request.
     stream: ResponseStream | None = None

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritium.core.cancellation import Cancellation
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.types import Tensor
 
@@ -81,6 +82,7 @@ class ResponseStream:
     """Single-producer-at-a-time, single-consumer response channel across threads."""
 
     __slots__ = (
+        "_cancellation",
         "_cancelled",
         "_done_receiving",
         "_items",
@@ -93,8 +95,11 @@ class ResponseStream:
         "on_late_final",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, cancellation: Cancellation | None = None):
         self._loop = loop
+        # Once it is set, what the model sends is dropped: the client hears the reason
+        # (from ``close_with`` on the loop), not the model's reaction to it.
+        self._cancellation = cancellation
         self._items: collections.deque[InferenceResponse] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._wake_pending = False
@@ -111,13 +116,28 @@ class ResponseStream:
 
     # -- send half (any thread) ------------------------------------------------
     def send_nowait(self, response: InferenceResponse) -> None:
-        if self.closed:
+        cancellation = self._cancellation
+        if cancellation is not None and cancellation.reason is not None and not self._on_loop():
+            self._cancelled = True
+        if self.closed or self._cancelled:
             if self._cancelled:
                 if response.final and self.on_late_final is not None:
                     late, self.on_late_final = self.on_late_final, None
                     self._call_on_loop(late)
                 return
             raise StreamClosedError()
+        self._deliver(response)
+
+    def close_with(self, response: InferenceResponse) -> bool:
+        """Loop only: end the stream with ``response`` (an error, usually) and drop
+        whatever the model sends later. Returns False if it had already ended."""
+        self._cancelled = True
+        if self.closed:
+            return False
+        self._deliver(response)
+        return True
+
+    def _deliver(self, response: InferenceResponse) -> None:
         if response.final:
             self.closed = True
         if response.error is not None:
@@ -133,16 +153,6 @@ class ResponseStream:
                 deferred.append(self)
             else:
                 self._loop.call_soon_threadsafe(self._wake)
-
-    def close_with(self, response: InferenceResponse) -> bool:
-        """Loop only: end the stream with ``response`` (an error, usually) and drop
-        whatever the model sends later. Returns False if it had already ended."""
-        if self.closed:
-            self._cancelled = True
-            return False
-        self._cancelled = True
-        self.send_nowait(response)
-        return True
 
     # -- receive half (event loop) ---------------------------------------------
     async def receive(self) -> InferenceResponse:

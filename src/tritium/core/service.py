@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tritium.core.cancellation import Cancellation, CancelReason
@@ -22,6 +23,14 @@ from tritium.core.validation import validate_request
 SERVER_NAME = "triton"
 SERVER_VERSION = "2.73.0"
 EXTENSIONS = ("model_repository", "model_configuration", "binary_tensor_data", "parameters")
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """How a shutdown drain ended: requests that finished, and those it cancelled."""
+
+    drained: int
+    cancelled: int
 
 
 class InferenceService:
@@ -94,7 +103,8 @@ class InferenceService:
 
         Raises TritiumError when the request is not admitted (nothing is queued then).
         """
-        if not self.accepting:
+        # A BLS child of a request that is still draining must be able to finish it.
+        if not self.accepting and not request.internal:
             raise TritiumError(
                 ErrorCode.UNAVAILABLE, "Server is shutting down and not accepting new requests"
             )
@@ -109,7 +119,7 @@ class InferenceService:
         request.model_version = model.version
         if request.cancellation.is_cancelled():
             raise request.cancellation.reason.to_error()  # type: ignore[union-attr]
-        stream = ResponseStream(self.loop)
+        stream = ResponseStream(self.loop, request.cancellation)
         request.stream = stream
         model.enqueue(request, stream)
 
@@ -140,6 +150,24 @@ class InferenceService:
         while self._in_flight:
             self._idle = asyncio.Event()
             await self._idle.wait()
+
+    # -- lifecycle -------------------------------------------------------------
+    def stop_accepting(self) -> None:
+        """Shutdown began: readiness fails and ``submit`` refuses from now on."""
+        self.accepting = False
+
+    async def drain(self, timeout_s: float) -> DrainReport:
+        """Stop accepting, wait up to ``timeout_s`` for admitted requests to finish,
+        then cancel the rest with reason SHUTDOWN (their clients get that error)."""
+        self.stop_accepting()
+        waiting = len(self._in_flight)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.wait_idle()
+        except TimeoutError:
+            pass
+        cancelled = self.cancel_all(CancelReason.SHUTDOWN)
+        return DrainReport(drained=max(waiting - cancelled, 0), cancelled=cancelled)
 
     def cancel_all(self, reason: CancelReason) -> int:
         """Cancel every unfinished request; returns how many there were."""

@@ -29,6 +29,7 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> None:
                 f"missing input '{spec.name}'"
             )
     request.batch_size = _batch_size(prefix, request, model) if batched else 1
+    request.batched = batched
     if request.requested_outputs is not None:
         for output in request.requested_outputs:
             if output.name not in model.outputs:

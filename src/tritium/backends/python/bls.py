@@ -157,6 +157,7 @@ def child_request(request: InferenceRequest, cancellation: Cancellation) -> Core
         flags=request._flags,
         timeout_us=request._timeout,
         cancellation=cancellation,
+        internal=True,
     )
 
 

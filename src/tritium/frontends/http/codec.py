@@ -457,12 +457,11 @@ def encode_infer_response(
     model_name: str,
     model_version: int,
     *,
-    max_batch_size: int = 0,
     labels: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[tuple[str, str]], list[Part]]:
     """Response headers and body parts (JSON header first, then binary blobs in order).
 
-    ``max_batch_size`` tells classification whether the first dimension is the batch;
+    ``request.batched`` tells classification whether the first dimension is the batch;
     ``labels`` maps an output name to its class labels (from ``label_filename``).
     """
     options = request.frontend_state
@@ -482,7 +481,7 @@ def encode_infer_response(
             binary = params.get("binary_data") is True
             classes = params.get("classification", 0)
         if type(classes) is int and classes > 0:
-            tensor = classify(tensor, classes, max_batch_size > 0, labels)
+            tensor = classify(tensor, classes, request.batched, labels)
         entries.append(_output_entry(tensor, binary, blobs))
     header = _dump_header(_response_header(response, request, model_name, model_version, entries))
     if blobs:

@@ -146,10 +146,8 @@ class HttpApi:
         if response is None:
             return
         assert request.model_version is not None
-        model = self.service.model(request.model_name, request.model_version)
         out_headers, parts = codec.encode_infer_response(
-            response, request, request.model_name, request.model_version,
-            max_batch_size=model.max_batch_size,
+            response, request, request.model_name, request.model_version
         )
         encoding, parts = compression.compress_response(parts, headers.get("accept-encoding"))
         if encoding is not None:
