@@ -75,6 +75,11 @@ def build_repository(repo: Path, record_dir: Path) -> Path:
               DECOUPLED
               + _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
               + _parameter("record_file", f"{record_dir}/slow.jsonl"))
+    # Two instances, so two requests run at once (gRPC stream interleaving tests).
+    add_model(repo, "slow_pair", "slow",
+              _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
+              + "instance_group [{ count: 2 kind: KIND_CPU }]\n"
+              + _parameter("record_file", f"{record_dir}/slow_pair.jsonl"))
     add_model(repo, "slow_child", "slow",
               _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
               + _parameter("record_file", f"{record_dir}/slow_child.jsonl"))
@@ -96,4 +101,55 @@ def build_repository(repo: Path, record_dir: Path) -> Path:
               _tensor("input", "INPUT0", "FP32", "-1") + _tensor("output", "OUTPUT0", "FP32", "-1"))
     for name in ("llm", "token_engine"):
         shutil.copytree(EXAMPLES / name, repo / name)
+    add_batching_models(repo, record_dir)
     return repo
+
+
+BATCH_IO = _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
+
+# name -> config (besides inputs and outputs) of the models that record each execute()
+BATCHING_MODELS = {
+    "batch_off": "max_batch_size: 8\n",
+    "batch_nodelay": "max_batch_size: 8\ndynamic_batching {}\n",
+    "batch_window": "max_batch_size: 8\n"
+                    "dynamic_batching { max_queue_delay_microseconds: 300000 }\n",
+    "batch_preferred": "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [ 4 ] "
+                       "max_queue_delay_microseconds: 5000000 }\n",
+    "queue_priority": "max_batch_size: 1\n"
+                      "dynamic_batching { priority_levels: 2 default_priority_level: 2 }\n",
+    "queue_reject": "max_batch_size: 1\ndynamic_batching { default_queue_policy { "
+                    "timeout_action: REJECT default_timeout_microseconds: 300000 "
+                    "allow_timeout_override: true } }\n",
+    "queue_delay": "max_batch_size: 1\ndynamic_batching { default_queue_policy { "
+                   "timeout_action: DELAY default_timeout_microseconds: 30000000 "
+                   "allow_timeout_override: true } }\n",
+    "queue_bounded": "max_batch_size: 1\n"
+                     "dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n",
+    "instance_pool": "instance_group [{ name: \"pool\" count: 2 kind: KIND_CPU }, "
+                     "{ count: 1 kind: KIND_CPU }]\n",
+    "gpu_group": "instance_group [{ count: 1 kind: KIND_GPU gpus: [ 0 ] }]\n",
+}
+
+
+def add_batching_models(repo: Path, record_dir: Path) -> None:
+    """Models for the batching and queue-policy tests; each records into <name>.jsonl."""
+    for name, config in BATCHING_MODELS.items():
+        add_model(repo, name, "batch_record",
+                  config + BATCH_IO + _parameter("record_file", f"{record_dir}/{name}.jsonl"))
+
+
+def lifecycle_config(record_file: Path, generation: int = 1, decoupled: bool = False,
+                     instances: int = 1) -> str:
+    """config.pbtxt of a ``lifecycle`` model (tests/models/lifecycle.py)."""
+    return ((DECOUPLED if decoupled else "")
+            + _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "3")
+            + f"instance_group [{{ count: {instances} kind: KIND_CPU }}]\n"
+            + _parameter("record_file", str(record_file))
+            + _parameter("generation", str(generation)))
+
+
+def add_lifecycle_model(repo: Path, name: str, record_file: Path, generation: int = 1,
+                        decoupled: bool = False, instances: int = 1) -> Path:
+    """A model that records initialize/finalize and each request's start/done/cancelled."""
+    return add_model(repo, name, "lifecycle",
+                     lifecycle_config(record_file, generation, decoupled, instances))

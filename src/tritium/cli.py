@@ -51,12 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-http", type=_bool, default=True)
     add("--allow-grpc", type=_bool, default=True)
     add("--allow-metrics", type=_bool, default=True)
-    add("--model-control-mode", choices=[m.value for m in ControlMode], default="none")
+    add("--model-control-mode", type=str.lower, choices=[m.value for m in ControlMode],
+        default="none", help="none: load all at start; explicit: --load-model and the "
+        "repository API; poll: also follow repository changes")
     add("--load-model", action="append", default=[], dest="load_models",
         help="model to load at startup in explicit mode, repeatable; '*' loads all")
-    add("--repository-poll-secs", type=float, default=15.0)
+    add("--repository-poll-secs", type=float, default=15.0,
+        help="poll mode: seconds between repository scans (0 disables polling)")
     add("--exit-timeout-secs", type=float, default=30.0,
-        help="how long shutdown waits for in-flight requests before cancelling them")
+        help="how long shutdown (and an unload) waits for in-flight requests before "
+        "cancelling them")
     add("--log-verbose", type=int, default=0)
     add("--http-max-input-size", type=_positive, default=64 * 1024 * 1024,
         help="largest accepted HTTP request body, in bytes")

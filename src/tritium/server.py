@@ -5,20 +5,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+from dataclasses import dataclass
 from typing import Any
 
 from tritium.config import ServerConfig
-from tritium.core.cancellation import CancelReason
 from tritium.core.service import InferenceService
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.frontends.grpc.server import GrpcServer, start_grpc_server
 from tritium.frontends.http.handlers import HttpApi
 from tritium.frontends.http.transport import HttpLimits, HttpServer, start_http_server
 from tritium.metrics.server import MetricsServer
-from tritium.repository.manager import ModelManager
+from tritium.repository.manager import ControlMode, ModelManager
+from tritium.repository.poll import RepositoryPoller
 
 log = logging.getLogger("tritium.server")
+
+# After the exit timeout: time for cancelled requests' errors to reach their clients.
+CLOSE_GRACE_S = 2.0
+HTTP_IDLE_CHECK_S = 0.05
+EXIT_IMMEDIATELY = 130
 
 
 def run(config: ServerConfig) -> int:
@@ -37,16 +44,14 @@ async def serve(config: ServerConfig) -> int:
 
     await manager.load_startup_models(list(config.load_models))
     _log_models(manager)
+    poller = _start_poller(config, manager)
     http = await _start_http(config, service) if config.allow_http else None
     grpc = await _start_grpc(config, service) if config.allow_grpc else None
     metrics = _start_metrics(config, manager) if config.allow_metrics else None
     log.info("server ready: %d model(s) loaded", len(manager.loaded_models()))
 
     await stop.wait()
-    code = await _shutdown(config, service, manager, http, grpc)
-    if metrics is not None:
-        metrics.stop()
-    return code
+    return await _shutdown(config, service, manager, _Listeners(http, grpc, metrics), poller)
 
 
 def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop
@@ -61,7 +66,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop
 
     manager = ModelManager(
         list(config.model_repositories), loop, create_backend, auto_complete_config,
-        config.model_control_mode,
+        config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
     )
     service = InferenceService(manager, loop)
     return service, manager
@@ -83,6 +88,19 @@ async def _start_grpc(config: ServerConfig, service: InferenceService) -> GrpcSe
     server = await start_grpc_server(service, config.grpc_address, config.grpc_port)
     log.info("gRPC endpoint listening on %s:%d", config.grpc_address, server.port)
     return server
+
+
+def _start_poller(config: ServerConfig, manager: ModelManager) -> RepositoryPoller | None:
+    if config.model_control_mode is not ControlMode.POLL:
+        return None
+    if config.repository_poll_secs <= 0:
+        log.warning("--model-control-mode=poll with --repository-poll-secs=%g: not polling",
+                    config.repository_poll_secs)
+        return None
+    poller = RepositoryPoller(manager.sync_with_repository, config.repository_poll_secs)
+    poller.start()
+    log.info("polling the model repository every %g s", config.repository_poll_secs)
+    return poller
 
 
 def _start_metrics(config: ServerConfig, manager: ModelManager) -> MetricsServer:
@@ -110,7 +128,10 @@ class _Stop:
         self.signals += 1
         if self.signals > 1:
             log.warning("second signal: exiting immediately")
-            raise SystemExit(1)
+            logging.shutdown()
+            # Not SystemExit: interpreter teardown would wait on model and gRPC threads.
+            os._exit(EXIT_IMMEDIATELY)
+        log.info("signal received: shutting down")
         self.event.set()
 
     async def wait(self) -> None:
@@ -124,21 +145,63 @@ def _install_signal_handlers(loop: asyncio.AbstractEventLoop) -> _Stop:
     return stop
 
 
+@dataclass(frozen=True, slots=True)
+class _Listeners:
+    http: HttpServer | None
+    grpc: GrpcServer | None
+    metrics: MetricsServer | None
+
+
 async def _shutdown(config: ServerConfig, service: InferenceService, manager: ModelManager,
-                    http: HttpServer | None, grpc: GrpcServer | None) -> int:
-    log.info("shutting down: waiting up to %.0f s for %d in-flight request(s)",
+                    listeners: _Listeners, poller: RepositoryPoller | None) -> int:
+    """Refuse new work at once, drain what was admitted, cancel what outlives the exit
+    timeout, finalize every model, then close the listeners.
+
+    Listeners stay open during the drain so probes and clients get a clear "not ready" /
+    "shutting down" answer instead of a refused connection.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.exit_timeout_secs
+    service.stop_accepting()
+    log.info("shutting down: waiting up to %g s for %d in-flight request(s)",
              config.exit_timeout_secs, len(service.in_flight()))
-    service.accepting = False
-    before = len(service.in_flight())
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(service.wait_idle(), config.exit_timeout_secs)
-    cancelled = service.cancel_all(CancelReason.SHUTDOWN)
+    polling_stopped = loop.create_task(poller.stop()) if poller is not None else None
+    report = await service.drain(max(deadline - loop.time(), 0.0))
+    if report.cancelled:
+        log.warning("exit timeout: cancelled %d request(s) still in flight", report.cancelled)
+    # Cancelled clients still need their error written; give that a moment past the timeout.
+    close_by = max(deadline, loop.time() + CLOSE_GRACE_S)
+    await asyncio.gather(_close_http(listeners.http, close_by),
+                         _close_grpc(listeners.grpc, close_by - loop.time()))
+    if polling_stopped is not None:
+        await polling_stopped
     await manager.shutdown()
-    if http is not None:
-        http.close()
-        http.close_idle_connections()
-    if grpc is not None:
-        await grpc.stop(grace=1.0)
+    if listeners.metrics is not None:
+        listeners.metrics.stop()
     log.info("shutdown complete: %d request(s) drained, %d cancelled",
-             before - cancelled, cancelled)
+             report.drained, report.cancelled)
     return 0
+
+
+async def _close_http(http: HttpServer | None, close_by: float) -> None:
+    """Stop listening and close each connection once it has no exchange in progress."""
+    if http is None:
+        return
+    loop = asyncio.get_running_loop()
+    http.close()
+    while http.active_connections():
+        # A keep-alive connection turns idle without an event we could await: look again
+        # shortly (this runs only during shutdown).
+        http.close_idle_connections()
+        remaining = close_by - loop.time()
+        if remaining <= 0:
+            log.warning("closing %d HTTP connection(s) still busy", http.active_connections())
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(remaining, HTTP_IDLE_CHECK_S)):
+                await http.wait_closed()
+
+
+async def _close_grpc(grpc: GrpcServer | None, grace_s: float) -> None:
+    if grpc is not None:
+        await grpc.stop(grace=max(grace_s, 0.0))

@@ -6,12 +6,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2
 
+from tritium.core.cancellation import CancelReason
 from tritium.core.errors import TritiumError
 from tritium.core.request import InferenceRequest
 from tritium.core.response import ResponseStream
@@ -48,11 +49,14 @@ class LoadedModel:
         self.decoupled: bool = config.model_transaction_policy.decoupled
         self.max_batch_size: int = config.max_batch_size
         inputs, outputs = tensor_specs(config)
-        self.inputs: dict[str, TensorSpec] = inputs
-        self.outputs: dict[str, TensorSpec] = outputs
+        self.inputs: Mapping[str, TensorSpec] = inputs
+        self.outputs: Mapping[str, TensorSpec] = outputs
         self.scheduler = ModelScheduler(self.name, version, _policy(config), self.decoupled)
         self.instances: list[ModelInstance] = []
         self.load_seconds = 0.0
+        # Admitted requests whose final response has not been sent: what a drain waits for.
+        self._admitted: dict[InferenceRequest, None] = {}
+        self._drained: asyncio.Event | None = None
 
     # -- ModelHandle -------------------------------------------------------------
     def is_ready(self) -> bool:
@@ -60,6 +64,7 @@ class LoadedModel:
 
     def enqueue(self, request: InferenceRequest, stream: ResponseStream) -> None:
         self.scheduler.enqueue(request)
+        self._admitted[request] = None
         if self.decoupled:
             stream.on_late_final = lambda: self.scheduler.model_stopped(request)
 
@@ -68,6 +73,9 @@ class LoadedModel:
 
     def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
         self.scheduler.request_finished(request, error)
+        self._admitted.pop(request, None)
+        if not self._admitted and self._drained is not None:
+            self._drained.set()
 
     def statistics(self) -> ModelStatistics:
         return self.scheduler.stats
@@ -100,12 +108,45 @@ class LoadedModel:
             instance.stop()
         await asyncio.gather(*(instance.wait_stopped() for instance in self.instances))
 
+    def in_flight(self) -> int:
+        """Admitted requests that have not sent their final response."""
+        return len(self._admitted)
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop admitting, give admitted requests ``timeout_s`` to finish, then cancel the
+        rest with reason UNLOADED (their clients get that error). Returns how many."""
+        self.scheduler.stop_accepting()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._wait_drained()
+        except TimeoutError:
+            pass
+        leftover = list(self._admitted)
+        for request in leftover:
+            # Logged here because a decoupled model that never sends FINAL would
+            # otherwise hold its client forever without a trace.
+            log.warning(
+                "request %s for model '%s' version %d did not finish within %.1f s of the "
+                "unload; cancelling it", request.describe(), self.name, self.version, timeout_s,
+            )
+            request.cancellation.cancel(CancelReason.UNLOADED)
+        return len(leftover)
+
+    async def _wait_drained(self) -> None:
+        while self._admitted:
+            self._drained = asyncio.Event()
+            await self._drained.wait()
+
     def _instance_infos(self, config_text: str) -> list[InstanceInfo]:
+        """One entry per instance, as Triton names and places them: ``<group name>_<i>``;
+        KIND_GPU runs ``count`` instances on each listed GPU, other kinds use device 0."""
         infos = []
+        gpu_kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
         for group in self.config.instance_group:
             kind = _KIND_NAMES.get(group.kind, "CPU")
-            devices = list(group.gpus) or [0]
-            for index in range(max(group.count, 1)):
+            devices = list(group.gpus) if group.kind == gpu_kind and group.gpus else [0]
+            placements = [device for device in devices for _ in range(max(group.count, 1))]
+            for index, device in enumerate(placements):
                 infos.append(InstanceInfo(
                     model_name=self.name,
                     model_version=self.version,
@@ -113,21 +154,10 @@ class LoadedModel:
                     config_json=config_text,
                     instance_name=f"{group.name}_{index}",
                     kind=kind,
-                    device_id=devices[index % len(devices)],
+                    device_id=device,
                 ))
         return infos
 
 
 def _policy(config: Any) -> SchedulerPolicy:
-    dynamic = config.HasField("dynamic_batching")
-    batching = config.dynamic_batching
-    queue_policy = batching.default_queue_policy
-    return SchedulerPolicy(
-        max_batch_size=config.max_batch_size,
-        dynamic_batching=dynamic and config.max_batch_size > 0,
-        max_queue_delay_us=batching.max_queue_delay_microseconds,
-        preferred_batch_sizes=tuple(batching.preferred_batch_size),
-        max_queue_size=queue_policy.max_queue_size,
-        priority_levels=batching.priority_levels,
-        default_priority=batching.default_priority_level,
-    )
+    return SchedulerPolicy.from_config(config)

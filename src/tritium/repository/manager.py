@@ -1,10 +1,19 @@
-"""The set of models a server knows: their versions, states, and loading them."""
+"""The set of models a server knows: their versions, states, and their whole lifecycle.
+
+Invariants:
+- A request can only reach a version whose slot is READY; everything else (LOADING,
+  UNLOADING, UNAVAILABLE) answers UNAVAILABLE from ``resolve``.
+- Swapping a slot to a new ``LoadedModel`` happens in one step on the loop, so a request
+  either went to the old model (which then drains) or goes to the new one; none is lost.
+- Operations on one model name (load, unload, poll) run one at a time.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import enum
 import logging
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +24,28 @@ from tritium.core.model import IndexEntry, ModelState
 from tritium.repository.config import (
     AutoComplete,
     available_versions,
+    complete_model_config,
     find_models,
     load_model_config,
 )
 from tritium.repository.loaded import BackendFactory, LoadedModel
+from tritium.repository.overrides import LoadOverrides, parse_overrides, write_model_dir
+from tritium.repository.poll import fingerprint
 
 log = logging.getLogger("tritium.repository")
+
+UNLOADED = "unloaded"
+_REACHABLE = (ModelState.READY, ModelState.UNLOADING)
+# How long stopping a model may wait for its instances' finalize() before giving up on them.
+FINALIZE_TIMEOUT_S = 10.0
+
+
+class _OnFailure(enum.Enum):
+    """What a failed load does besides logging: answer the API caller, or only record it
+    in the index (startup and polling have no caller)."""
+
+    RAISE = "raise"
+    RECORD = "record"
 
 
 class ControlMode(enum.Enum):
@@ -43,6 +68,10 @@ class ModelEntry:
     versions: dict[int, VersionEntry] = field(default_factory=dict)
     # A model-level failure (bad config, duplicate name) before any version exists.
     reason: str = ""
+    # What the directory looked like when last loaded; poll mode compares against it.
+    fingerprint: tuple[Any, ...] = ()
+    # The temporary model directory a load with file overrides wrote.
+    override_dir: tempfile.TemporaryDirectory[str] | None = None
 
 
 class ModelManager:
@@ -55,61 +84,273 @@ class ModelManager:
         create_backend: BackendFactory,
         auto_complete: AutoComplete | None,
         control_mode: ControlMode = ControlMode.NONE,
+        unload_timeout_s: float = 30.0,
     ):
         self.repositories = repositories
         self.loop = loop
         self.create_backend = create_backend
         self.auto_complete = auto_complete
         self.control_mode = control_mode
+        # How long an unloaded (or replaced) version's requests may run before UNLOADED.
+        self.unload_timeout_s = unload_timeout_s
         self.models: dict[str, ModelEntry] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        # Tasks draining and stopping versions taken out of service; shutdown awaits them.
+        self._retiring: set[asyncio.Task[None]] = set()
 
-    # -- loading -----------------------------------------------------------------
+    # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
         """Load what the control mode says to load at startup (``*`` means all)."""
         found, broken = find_models(self.repositories)
         for name, reason in broken.items():
             self.models[name] = ModelEntry(name, None, reason=reason)
+        wanted = sorted(found)
         if self.control_mode is ControlMode.EXPLICIT and "*" not in names:
-            wanted = [n for n in names if n in found]
+            wanted = [n for n in wanted if n in names]
             for name in names:
                 if name not in found and name not in broken:
                     self.models[name] = ModelEntry(name, None, reason="model not found")
-        else:
-            wanted = sorted(found)
-        await asyncio.gather(*(self._load(name, found[name]) for name in wanted))
+            for name in found.keys() - set(wanted):
+                self.models[name] = ModelEntry(name, found[name], reason=UNLOADED)
+        await asyncio.gather(*(self._install(name, found[name]) for name in wanted))
 
-    async def _load(self, name: str, model_dir: Path) -> None:
-        entry = ModelEntry(name, model_dir)
-        self.models[name] = entry
+    # -- load, reload, unload ------------------------------------------------------
+    async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
+        """Load or reload ``name``; returns once it is READY, raises if it failed."""
+        self._check_explicit()
+        overrides = parse_overrides(name, parameters)
+        async with self._lock(name):
+            model_dir, holder = self._source_dir(name, overrides)
+            await self._install(name, model_dir, overrides, holder, _OnFailure.RAISE)
+
+    async def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
+        """Take ``name`` out of service at once; its admitted requests drain meanwhile."""
+        self._check_explicit()
+        async with self._lock(name):
+            self._retire_entry(name)
+
+    async def sync_with_repository(self) -> None:
+        """Poll mode: load added models, unload removed ones, reload changed ones."""
+        found, broken = find_models(self.repositories)
+        for name in sorted(self.models.keys() - found.keys()):
+            if self._serving(name):
+                log.info("model '%s' was removed from the repository: unloading", name)
+                async with self._lock(name):
+                    self._retire_entry(name)
+        for name, model_dir in sorted(found.items()):
+            entry = self.models.get(name)
+            if entry is not None and entry.fingerprint == fingerprint(model_dir):
+                continue
+            log.info("model '%s' %s: loading", name, "is new" if entry is None else "changed")
+            async with self._lock(name):
+                await self._install(name, model_dir)
+        for name, reason in broken.items():
+            if not self._serving(name):
+                self.models[name] = ModelEntry(name, None, reason=reason)
+
+    def _check_explicit(self) -> None:
+        if self.control_mode is not ControlMode.EXPLICIT:
+            raise TritiumError(
+                ErrorCode.UNAVAILABLE,
+                "explicit model load / unload is not allowed unless the server runs with "
+                "--model-control-mode=explicit",
+            )
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _serving(self, name: str) -> bool:
+        entry = self.models.get(name)
+        return entry is not None and any(
+            s.state is ModelState.READY for s in entry.versions.values())
+
+    def _source_dir(self, name: str, overrides: LoadOverrides
+                    ) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
+        if overrides.files:
+            holder = write_model_dir(name, overrides.files)
+            return Path(holder.name) / name, holder
+        found, broken = find_models(self.repositories)
+        if name in broken:
+            raise TritiumError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {broken[name]}")
+        if name not in found:
+            raise TritiumError(
+                ErrorCode.INVALID_ARG,
+                f"failed to load '{name}': no model directory named '{name}' in the "
+                "model repository",
+            )
+        return found[name], None
+
+    async def _install(
+        self,
+        name: str,
+        model_dir: Path,
+        overrides: LoadOverrides | None = None,
+        holder: tempfile.TemporaryDirectory[str] | None = None,
+        on_failure: _OnFailure = _OnFailure.RECORD,
+    ) -> None:
+        """Start every version ``model_dir`` selects, then swap them in all at once.
+
+        A model that is serving keeps serving, unchanged, if any new version fails.
+        """
+        entry = self.models.setdefault(name, ModelEntry(name, model_dir))
+        stamp = fingerprint(model_dir)
         try:
-            config = await asyncio.to_thread(load_model_config, model_dir, self.auto_complete)
+            config = await asyncio.to_thread(self._read_config, model_dir, overrides)
             versions = available_versions(model_dir, config)
         except TritiumError as exc:
-            entry.reason = exc.message
-            log.error("model '%s' failed to load: %s", name, exc.message)
+            self._install_failed(entry, holder, stamp, exc.message, on_failure)
             return
-        await asyncio.gather(*(self._load_version(entry, v, config) for v in versions))
+        started = await self._start_versions(entry, model_dir, versions, config)
+        failures = {v: r for v, r in started.items() if isinstance(r, str)}
+        models = {v: r for v, r in started.items() if isinstance(r, LoadedModel)}
+        if failures and self._serving(name):
+            for model in models.values():
+                await self._stop(model)
+            self._forget_loading(entry)
+            detail = "; ".join(f"version {v}: {r}" for v, r in sorted(failures.items()))
+            self._install_failed(entry, holder, stamp, detail, on_failure)
+            return
+        self._swap(entry, model_dir, models, failures, holder)
+        entry.fingerprint = stamp
+        if failures and on_failure is _OnFailure.RAISE:
+            detail = "; ".join(f"version {v}: {r}" for v, r in sorted(failures.items()))
+            raise TritiumError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {detail}")
 
-    async def _load_version(self, entry: ModelEntry, version: int, config: Any) -> None:
-        slot = entry.versions[version] = VersionEntry(ModelState.LOADING)
-        assert entry.model_dir is not None
+    def _read_config(self, model_dir: Path, overrides: LoadOverrides | None) -> Any:
+        if overrides is not None and overrides.config is not None:
+            return complete_model_config(model_dir, overrides.config, self.auto_complete)
+        return load_model_config(model_dir, self.auto_complete)
+
+    async def _start_versions(self, entry: ModelEntry, model_dir: Path, versions: list[int],
+                              config: Any) -> dict[int, LoadedModel | str]:
+        for version in versions:
+            if version not in entry.versions or entry.versions[version].model is None:
+                entry.versions[version] = VersionEntry(ModelState.LOADING)
+        results = await asyncio.gather(
+            *(self._start_version(entry.name, model_dir, v, config) for v in versions))
+        return dict(zip(versions, results, strict=True))
+
+    async def _start_version(self, name: str, model_dir: Path, version: int, config: Any
+                             ) -> LoadedModel | str:
         try:
-            model = LoadedModel(entry.model_dir, version, config)
+            model = LoadedModel(model_dir, version, config)
             await model.start(self.loop, self.create_backend)
         except Exception as exc:
-            slot.state, slot.reason = ModelState.UNAVAILABLE, _reason(exc)
-            log.error("model '%s' version %d failed to load: %s", entry.name, version, slot.reason)
+            reason = _reason(exc)
+            log.error("model '%s' version %d failed to load: %s", name, version, reason)
+            return reason
+        return model
+
+    def _swap(self, entry: ModelEntry, model_dir: Path, models: dict[int, LoadedModel],
+              failures: dict[int, str], holder: tempfile.TemporaryDirectory[str] | None) -> None:
+        old_holder, entry.override_dir = entry.override_dir, holder
+        entry.model_dir, entry.reason = model_dir, ""
+        retired: list[tuple[LoadedModel, VersionEntry | None]] = []
+        for version, slot in list(entry.versions.items()):
+            if version in models or version in failures:
+                continue
+            if slot.state is ModelState.READY and slot.model is not None:
+                retired.append((slot.model, slot))  # a version the new selection drops
+                slot.state = ModelState.UNLOADING
+            elif slot.model is None:
+                del entry.versions[version]
+        for version, model in models.items():
+            slot = entry.versions[version]
+            if slot.state is ModelState.READY and slot.model is not None:
+                retired.append((slot.model, None))  # replaced: drains without its slot
+            slot.state, slot.reason, slot.model = ModelState.READY, "", model
+            log.info("model '%s' version %d is READY", entry.name, version)
+        for version, reason in failures.items():
+            entry.versions[version] = VersionEntry(ModelState.UNAVAILABLE, reason)
+        self._retire(retired, old_holder)
+
+    def _install_failed(self, entry: ModelEntry, holder: tempfile.TemporaryDirectory[str] | None,
+                        stamp: tuple[Any, ...], reason: str, on_failure: _OnFailure) -> None:
+        if holder is not None:
+            holder.cleanup()
+        # Remember the attempt, so polling does not retry an unchanged broken model.
+        entry.fingerprint = stamp
+        if self._serving(entry.name):
+            log.error("model '%s' failed to reload, the loaded version(s) keep serving: %s",
+                      entry.name, reason)
+        else:
+            entry.reason = reason
+            for version, slot in list(entry.versions.items()):
+                if slot.model is None:
+                    del entry.versions[version]
+            log.error("model '%s' failed to load: %s", entry.name, reason)
+        if on_failure is _OnFailure.RAISE:
+            raise TritiumError(ErrorCode.INVALID_ARG, f"failed to load '{entry.name}': {reason}")
+
+    @staticmethod
+    def _forget_loading(entry: ModelEntry) -> None:
+        for version, slot in list(entry.versions.items()):
+            if slot.state is ModelState.LOADING and slot.model is None:
+                del entry.versions[version]
+
+    # -- taking versions out of service --------------------------------------------
+    def _retire_entry(self, name: str) -> None:
+        entry = self.models.get(name)
+        if entry is None:
             return
-        slot.state, slot.model = ModelState.READY, model
+        retired: list[tuple[LoadedModel, VersionEntry | None]] = []
+        for version, slot in entry.versions.items():
+            if slot.model is not None and slot.state is ModelState.READY:
+                slot.state, slot.reason = ModelState.UNLOADING, ""
+                log.info("model '%s' version %d is UNLOADING: %d request(s) in flight",
+                         name, version, slot.model.in_flight())
+                retired.append((slot.model, slot))
+        if not entry.versions:
+            entry.reason = UNLOADED
+        holder, entry.override_dir = entry.override_dir, None
+        entry.fingerprint = ()
+        self._retire(retired, holder)
+
+    def _retire(self, retired: list[tuple[LoadedModel, VersionEntry | None]],
+                holder: tempfile.TemporaryDirectory[str] | None) -> None:
+        """Drain and stop ``retired`` in the background, then remove ``holder``."""
+        if not retired and holder is None:
+            return
+        task = self.loop.create_task(self._drain_and_stop(retired, holder))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _drain_and_stop(self, retired: list[tuple[LoadedModel, VersionEntry | None]],
+                              holder: tempfile.TemporaryDirectory[str] | None) -> None:
+        await asyncio.gather(*(self._drain_one(model, slot) for model, slot in retired))
+        if holder is not None:
+            holder.cleanup()
+
+    async def _drain_one(self, model: LoadedModel, slot: VersionEntry | None) -> None:
+        cancelled = await model.drain(self.unload_timeout_s)
+        await self._stop(model)
+        if slot is not None and slot.model is model:
+            slot.state, slot.reason, slot.model = ModelState.UNAVAILABLE, UNLOADED, None
+        log.info("model '%s' version %d unloaded (%d request(s) cancelled)",
+                 model.name, model.version, cancelled)
+
+    async def _stop(self, model: LoadedModel) -> None:
+        try:
+            async with asyncio.timeout(FINALIZE_TIMEOUT_S):
+                await model.stop()
+        except TimeoutError:
+            log.error("model '%s' version %d did not finish finalize() within %.0f s; "
+                      "leaving it behind", model.name, model.version, FINALIZE_TIMEOUT_S)
 
     async def shutdown(self) -> None:
-        """Stop every loaded model (``finalize`` runs on each instance)."""
-        loaded = [v for e in self.models.values() for v in e.versions.values() if v.model]
+        """Stop every model (``finalize`` runs on each instance); call after the drain."""
+        # Versions already UNLOADING are stopped by their own retiring task.
+        loaded = [v for e in self.models.values() for v in e.versions.values()
+                  if v.model is not None and v.state is ModelState.READY]
         for slot in loaded:
             slot.state = ModelState.UNLOADING
-        await asyncio.gather(*(slot.model.stop() for slot in loaded if slot.model))
+        await asyncio.gather(*(self._stop(slot.model) for slot in loaded if slot.model),
+                             *list(self._retiring), return_exceptions=True)
         for slot in loaded:
-            slot.state, slot.reason, slot.model = ModelState.UNAVAILABLE, "unloaded", None
+            slot.state, slot.reason, slot.model = ModelState.UNAVAILABLE, UNLOADED, None
+        for entry in self.models.values():
+            if entry.override_dir is not None:
+                entry.override_dir.cleanup()
 
     def loaded_models(self) -> list[LoadedModel]:
         return [v.model for e in self.models.values() for v in e.versions.values() if v.model]
@@ -131,7 +372,9 @@ class ModelManager:
                 )
             version = ready[-1]
         slot = entry.versions.get(version)
-        if slot is None or slot.model is None or slot.state is not ModelState.READY:
+        # An UNLOADING version is still reachable by number, so the frontends can finish
+        # the requests it is draining; its scheduler refuses anything new.
+        if slot is None or slot.model is None or slot.state not in _REACHABLE:
             raise TritiumError(
                 ErrorCode.UNAVAILABLE,
                 f"Request for unknown model: '{name}' version {version} is not at ready state",
@@ -160,24 +403,15 @@ class ModelManager:
         return rows
 
     def is_ready(self) -> bool:
+        """False when a model that should serve failed to load; models taken out of
+        service on purpose (unloaded, unloading) or being (re)loaded do not count."""
         for entry in self.models.values():
-            if entry.reason and not entry.versions:
+            if not entry.versions and entry.reason not in ("", UNLOADED):
                 return False
             for slot in entry.versions.values():
-                if slot.state is not ModelState.READY and slot.reason != "unloaded":
+                if slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED:
                     return False
         return True
-
-    async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
-        raise TritiumError(
-            ErrorCode.UNAVAILABLE,
-            "explicit model load / unload is not allowed unless --model-control-mode=explicit"
-            if self.control_mode is not ControlMode.EXPLICIT
-            else "model load / unload is not implemented yet",
-        )
-
-    async def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
-        await self.load(name, parameters)
 
 
 def _reason(exc: BaseException) -> str:

@@ -2,24 +2,41 @@
 
 A cancelled request is removed logically at once (it no longer counts, and is never
 returned by ``pop``) and physically when the queue next passes over it, so cancelling
-costs O(1) whatever the queue length.
+costs O(1) whatever the queue length. A request whose timeout expired under the DELAY
+action moves to its level's *delayed* lane, served after the level's other requests;
+its old place is skipped the same lazy way.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator
 
 from tritium.core.request import InferenceRequest, RequestStage
+
+_QUEUED = RequestStage.QUEUED
+
+
+class _Level:
+    __slots__ = ("delayed", "ready", "size")
+
+    def __init__(self) -> None:
+        self.ready: collections.deque[InferenceRequest] = collections.deque()
+        self.delayed: collections.deque[InferenceRequest] = collections.deque()
+        self.size = 0  # live requests in both lanes
 
 
 class RequestQueue:
     def __init__(self, priority_levels: int = 0, default_priority: int = 0):
-        # Level 0 of the list is the highest priority (Triton's level 1).
-        self._levels: list[collections.deque[InferenceRequest]] = [
-            collections.deque() for _ in range(max(priority_levels, 1))
-        ]
+        # Index 0 is the highest priority (Triton's level 1).
+        self._levels = [_Level() for _ in range(max(priority_levels, 1))]
         self._default_level = max(default_priority - 1, 0) if priority_levels else 0
         self._size = 0
+        # Requests that were moved to a delayed lane; their copy in the ready lane is
+        # stale. Invariant: that stale copy leaves the ready lane before the delayed copy
+        # is reached, because a level's delayed lane is only read once its ready lane is
+        # empty; so a request leaves this set when its delayed copy is passed over.
+        self._moved: set[InferenceRequest] = set()
 
     def __len__(self) -> int:
         return self._size
@@ -29,34 +46,64 @@ class RequestQueue:
             return self._default_level
         return request.priority - 1
 
+    def level_size(self, level: int) -> int:
+        """Live requests queued at ``level`` (0 is the highest priority)."""
+        return self._levels[level].size
+
     def push(self, request: InferenceRequest) -> None:
-        request.stage = RequestStage.QUEUED
-        self._levels[self.level_of(request)].append(request)
+        request.stage = _QUEUED
+        level = self._levels[self.level_of(request)]
+        level.ready.append(request)
+        level.size += 1
         self._size += 1
 
     def discard(self, request: InferenceRequest) -> bool:
         """Forget a queued request; returns False if it was not queued."""
-        if request.stage is not RequestStage.QUEUED:
+        if request.stage is not _QUEUED:
             return False
         request.stage = RequestStage.DONE
+        self._levels[self.level_of(request)].size -= 1
         self._size -= 1
+        return True
+
+    def delay(self, request: InferenceRequest) -> bool:
+        """Move a queued request behind every other request of its level."""
+        if request.stage is not _QUEUED or request in self._moved:
+            return False
+        self._moved.add(request)
+        self._levels[self.level_of(request)].delayed.append(request)
         return True
 
     def peek(self) -> InferenceRequest | None:
         for level in self._levels:
-            while level:
-                request = level[0]
-                if request.stage is RequestStage.QUEUED:
-                    return request
-                level.popleft()
+            request = self._front(level)
+            if request is not None:
+                return request
         return None
 
     def pop(self) -> InferenceRequest | None:
-        request = self.peek()
-        if request is not None:
-            self._levels[self.level_of(request)].popleft()
-            self._size -= 1
-        return request
+        for level in self._levels:
+            request = self._front(level)
+            if request is not None:
+                lane = level.ready if level.ready else level.delayed
+                lane.popleft()
+                if lane is level.delayed:
+                    self._moved.discard(request)
+                level.size -= 1
+                self._size -= 1
+                return request
+        return None
+
+    def __iter__(self) -> Iterator[InferenceRequest]:
+        """The live requests in the order ``pop`` would return them."""
+        moved = self._moved
+        for level in self._levels:
+            for request in level.ready:
+                if request.stage is _QUEUED and request not in moved:
+                    yield request
+            for request in level.delayed:
+                if request.stage is _QUEUED:
+                    yield request
 
     def drain(self) -> list[InferenceRequest]:
         """Remove and return every queued request."""
@@ -64,3 +111,21 @@ class RequestQueue:
         while (request := self.pop()) is not None:
             taken.append(request)
         return taken
+
+    def _front(self, level: _Level) -> InferenceRequest | None:
+        """The first live request of ``level``, dropping dead entries in front of it."""
+        ready = level.ready
+        moved = self._moved
+        while ready:
+            request = ready[0]
+            if request.stage is _QUEUED and not (moved and request in moved):
+                return request
+            ready.popleft()
+        delayed = level.delayed
+        while delayed:
+            request = delayed[0]
+            if request.stage is _QUEUED:
+                return request
+            delayed.popleft()
+            moved.discard(request)
+        return None

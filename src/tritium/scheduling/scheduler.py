@@ -1,21 +1,28 @@
 """Per-model scheduler: admits requests, queues them, hands batches to free instances.
 
 Runs on the event loop only. Instances report back through ``batch_done`` (scheduled
-onto the loop by ``execution/``).
+onto the loop by ``execution/``). Two timers at most, both owned here: the dynamic
+batcher's window and the earliest queue timeout.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
+from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest, RequestStage
+from tritium.scheduling.batcher import Batcher
+from tritium.scheduling.clock import Alarm, Clock, LoopClock
+from tritium.scheduling.deadlines import Deadlines
+from tritium.scheduling.policy import QueuePolicy, SchedulerPolicy, TimeoutAction
 from tritium.scheduling.queue import RequestQueue
 from tritium.scheduling.statistics import Duration, ModelStatistics
+
+__all__ = ["Instance", "ModelScheduler", "QueuePolicy", "SchedulerPolicy", "TimeoutAction"]
 
 log = logging.getLogger("tritium.scheduler")
 
@@ -26,30 +33,27 @@ class Instance(Protocol):
     def submit(self, batch: list[InferenceRequest]) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerPolicy:
-    """What config.pbtxt says about scheduling a model."""
-
-    max_batch_size: int = 0
-    dynamic_batching: bool = False
-    max_queue_delay_us: int = 0
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_size: int = 0  # 0: unbounded
-    priority_levels: int = 0
-    default_priority: int = 0
-
-
 class ModelScheduler:
     def __init__(self, model_name: str, version: int, policy: SchedulerPolicy,
-                 decoupled: bool = False):
+                 decoupled: bool = False, clock: Clock | None = None):
         self.model_name = model_name
         self.decoupled = decoupled
         self.version = version
         self.policy = policy
         self.stats = ModelStatistics()
         self.accepting = True
+        self._clock: Clock = clock if clock is not None else LoopClock()
         self._queue = RequestQueue(policy.priority_levels, policy.default_priority)
         self._idle: list[Instance] = []
+        self._level_policies = policy.level_policies()
+        self._bounded = any(p.max_queue_size for p in self._level_policies)
+        self._batcher = Batcher(policy) if policy.dynamic_batching else None
+        self._window = Alarm(self._clock, self._dispatch)
+        self._deadlines = (Deadlines(self._clock, self._expire, self._dispatch)
+                           if policy.has_timeouts() else None)
+        # Requests this scheduler cancelled for their queue timeout: counted REJECTED,
+        # not CANCELED, when they finish (which removes them from here).
+        self._rejected: set[InferenceRequest] = set()
 
     # -- instances ---------------------------------------------------------------
     def add_instances(self, instances: Sequence[Instance]) -> None:
@@ -60,7 +64,7 @@ class ModelScheduler:
         """An instance finished ``execute`` for ``batch`` (in ``exec_ns``) and can take more."""
         size = 0
         stats = self.stats
-        now = time.monotonic_ns()
+        now = self._clock.now_ns()
         for request in batch:
             size += request.batch_size
             if request.stage is RequestStage.EXECUTING:
@@ -73,6 +77,7 @@ class ModelScheduler:
             stats.execution_count += 1
             stats.compute_infer.add(exec_ns)
             stats.batches.setdefault(size, Duration()).add(exec_ns)
+            stats.batch_requests[len(batch)] += 1
         self._idle.append(instance)
         self._dispatch()
 
@@ -84,44 +89,38 @@ class ModelScheduler:
                 f"model '{self.model_name}' version {self.version} is not accepting new "
                 "requests",
             )
-        limit = self.policy.max_queue_size
-        if limit and len(self._queue) >= limit:
-            self.stats.failures["REJECTED"] += 1
-            raise TritiumError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")
+        if self._bounded:
+            self._check_room(request)
         self._queue.push(request)
         self.stats.pending += 1
+        if self._deadlines is not None:
+            self._arm_deadline(request)
         if self._idle:
             self._dispatch()
 
     def request_cancelled(self, request: InferenceRequest) -> None:
-        reason = request.cancellation.reason
-        reason_name = reason.name if reason else "UNKNOWN"
         if self._queue.discard(request):
-            stage = "queued"
             self.stats.pending -= 1
+            self._count_cancel(request, "queued")
         elif request.stage is RequestStage.EXECUTING and not _finished(request):
-            stage = "executing"
-        else:
-            return
-        self.stats.cancellations[(reason_name, stage)] += 1
-        log.info(
-            "request %s for model '%s' version %d cancelled while %s: %s",
-            request.describe(), self.model_name, self.version, stage,
-            reason.value if reason else "unknown",
-        )
+            self._count_cancel(request, "executing")
 
     def model_stopped(self, request: InferenceRequest) -> None:
         """A decoupled model sent FINAL for a request after it was cancelled."""
         cancelled_at = request.cancellation.cancelled_at_ns
         if cancelled_at:
-            self.stats.record_cancel_stop(time.monotonic_ns() - cancelled_at)
+            self.stats.record_cancel_stop(self._clock.now_ns() - cancelled_at)
 
     def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
         """Count the outcome once the request's final response was sent."""
         stats = self.stats
-        elapsed = time.monotonic_ns() - request.arrival_ns
+        elapsed = self._clock.now_ns() - request.arrival_ns
         if request.cancellation.is_cancelled():
-            stats.failures["CANCELED"] += 1
+            if self._rejected and request in self._rejected:
+                self._rejected.discard(request)
+                stats.failures["REJECTED"] += 1
+            else:
+                stats.failures["CANCELED"] += 1
             stats.fail.add(elapsed)
         elif error is not None:
             stats.failures["BACKEND"] += 1
@@ -131,34 +130,101 @@ class ModelScheduler:
             stats.inference_count += request.batch_size
             stats.last_inference_ms = time.time_ns() // 1_000_000
 
+    # -- admission and timeouts --------------------------------------------------
+    def _check_room(self, request: InferenceRequest) -> None:
+        level = self._queue.level_of(request)
+        limit = self._level_policies[level].max_queue_size
+        if limit and self._queue.level_size(level) >= limit:
+            self.stats.failures["REJECTED"] += 1
+            raise TritiumError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")
+
+    def _arm_deadline(self, request: InferenceRequest) -> None:
+        assert self._deadlines is not None
+        policy = self._level_policies[self._queue.level_of(request)]
+        timeout_us = policy.timeout_us(request.timeout_us)
+        if timeout_us:
+            self._deadlines.add(request, request.arrival_ns + timeout_us * 1000)
+
+    def _expire(self, request: InferenceRequest) -> None:
+        """``request``'s queue timeout passed while it was still queued."""
+        policy = self._level_policies[self._queue.level_of(request)]
+        self.stats.expired[policy.timeout_action.name] += 1
+        if policy.timeout_action is TimeoutAction.DELAY:
+            self._queue.delay(request)
+            return
+        self._rejected.add(request)
+        if not request.cancellation.cancel(CancelReason.DEADLINE):
+            self._rejected.discard(request)  # cancelled for another reason just before
+        # Idempotent; needed when nobody listens to the cancellation (direct use).
+        self.request_cancelled(request)
+
+    def _count_cancel(self, request: InferenceRequest, stage: str) -> None:
+        reason = request.cancellation.reason
+        self.stats.cancellations[(reason.name if reason else "UNKNOWN", stage)] += 1
+        log.info(
+            "request %s for model '%s' version %d cancelled while %s: %s",
+            request.describe(), self.model_name, self.version, stage,
+            reason.value if reason else "unknown",
+        )
+
+    # -- dispatch ----------------------------------------------------------------
     def _dispatch(self) -> None:
         queue = self._queue
         while self._idle and len(queue):
-            batch = self._next_batch()
+            batch = self._next_batch() if self._batcher is None else self._next_dynamic()
             if not batch:
                 return
-            now = time.monotonic_ns()
-            for request in batch:
-                request.stage = RequestStage.EXECUTING
-                self.stats.queue.add(now - request.arrival_ns)
-            self.stats.pending -= len(batch)
-            self.stats.executing += len(batch)
-            self._idle.pop().submit(batch)
+            self._start(batch)
+
+    def _start(self, batch: list[InferenceRequest]) -> None:
+        stats = self.stats
+        now = self._clock.now_ns()
+        for request in batch:
+            request.stage = RequestStage.EXECUTING
+            stats.queue.add(now - request.arrival_ns)
+        stats.pending -= len(batch)
+        stats.executing += len(batch)
+        self._idle.pop().submit(batch)
 
     def _next_batch(self) -> list[InferenceRequest]:
-        first = self._queue.pop()
-        if first is None:
+        """Default scheduler: the next live request, alone."""
+        queue = self._queue
+        while (request := queue.pop()) is not None:
+            if request.cancellation.reason is None:
+                return [request]
+            # Cancelled on another thread; its callback has not reached us yet. Popped, so
+            # marked done here: the callback's request_cancelled then finds nothing to do.
+            request.stage = RequestStage.DONE
+            self.stats.pending -= 1
+            self._count_cancel(request, "queued")
+        return []
+
+    def _next_dynamic(self) -> list[InferenceRequest]:
+        assert self._batcher is not None
+        now = self._clock.now_ns()
+        if self._deadlines is not None and len(self._deadlines):
+            self._deadlines.expire_due(now)
+        plan = self._batcher.plan(self._live(), now)
+        if plan.count == 0:
+            if plan.wait_until_ns:
+                self._window.arm(plan.wait_until_ns)
             return []
-        batch = [first]
-        if not self.policy.dynamic_batching:
-            return batch
-        total = first.batch_size
-        limit = max(self.policy.max_batch_size, 1)
-        while (nxt := self._queue.peek()) is not None and total + nxt.batch_size <= limit:
-            self._queue.pop()
-            batch.append(nxt)
-            total += nxt.batch_size
+        queue = self._queue
+        batch = []
+        for _ in range(plan.count):
+            request = queue.pop()
+            assert request is not None
+            batch.append(request)
         return batch
+
+    def _live(self) -> Iterator[InferenceRequest]:
+        """Queued requests in order, dropping those cancelled since they were queued."""
+        for request in self._queue:
+            if request.cancellation.reason is None:
+                yield request
+            else:
+                # Only marks the request: the queue's lanes are not changed under us.
+                self.request_cancelled(request)
 
     # -- lifecycle ---------------------------------------------------------------
     def stop_accepting(self) -> None:

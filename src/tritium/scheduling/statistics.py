@@ -41,8 +41,13 @@ class ModelStatistics:
     # cancel requested -> work stopped (execute() returned, or FINAL for decoupled models)
     cancel_stop: Duration = field(default_factory=Duration)
     cancel_stop_buckets: list[int] = field(default_factory=lambda: [0] * len(STOP_BUCKETS_MS))
-    pending: int = 0  # admitted, not yet handed to an instance
+    pending: int = 0  # admitted, not yet handed to an instance (the queue length)
     executing: int = 0  # handed to an instance, not yet finished
+    # queue timeouts by the action taken ("REJECT" or "DELAY")
+    expired: Counter[str] = field(default_factory=Counter)
+    # requests per execute() call -> how many calls had that many (batch sizes are in
+    # ``batches``: a request of batch 4 counts 4 there and 1 here)
+    batch_requests: Counter[int] = field(default_factory=Counter)
 
     def record_cancel_stop(self, delay_ns: int) -> None:
         self.cancel_stop.add(delay_ns)
