@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from tritium.core.errors import TritiumError
 from tritium.core.request import InferenceRequest
 from tritium.core.response import ResponseStream
+from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
 
 
@@ -73,7 +74,7 @@ class ModelHandle(Protocol):
     def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
         """Called on the loop once the request's final response was sent."""
 
-    def statistics(self) -> Any: ...
+    def statistics(self) -> ModelStatistics: ...
 
 
 class ModelRepository(Protocol):

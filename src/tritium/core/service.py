@@ -18,7 +18,16 @@ from tritium.core.model import (
 )
 from tritium.core.request import InferenceRequest
 from tritium.core.response import InferenceResponse, ResponseStream
+from tritium.core.statistics import ModelStatistics
 from tritium.core.validation import validate_request
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatisticsEntry:
+    name: str
+    version: int
+    stats: ModelStatistics
+
 
 SERVER_NAME = "triton"
 SERVER_VERSION = "2.73.0"
@@ -84,6 +93,28 @@ class InferenceService:
                 for s in model.outputs.values()
             ],
         )
+
+    def model_statistics(self, name: str | None = None, version: int | None = None
+                         ) -> list[ModelStatisticsEntry]:
+        """Statistics of one version, of every ready version of a model, or of every
+        ready version of every model (``name`` None)."""
+        if name is None:
+            names = sorted({entry.name for entry in self.repository.index(ready_only=True)})
+        else:
+            names = [name]
+        entries = []
+        for model_name in names:
+            versions = [version] if version is not None else self.repository.ready_versions(
+                model_name)
+            if name is not None and not versions:
+                raise TritiumError(
+                    ErrorCode.INVALID_ARG, f"requested model '{model_name}' is not available"
+                )
+            for number in versions:
+                model = self.repository.resolve(model_name, number)
+                entries.append(ModelStatisticsEntry(model.name, model.version,
+                                                    model.statistics()))
+        return entries
 
     def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         return self.repository.index(ready_only)

@@ -6,14 +6,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client.core import (
-    CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
-from tritium.scheduling.statistics import STOP_BUCKETS_MS, ModelStatistics
+from tritium.core.statistics import STOP_BUCKETS_MS, ModelStatistics
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 STAGES = ("queued", "executing")
@@ -48,6 +47,17 @@ COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
 )
 
 
+def _counter(name: str, text: str) -> Metric:
+    # Triton's counters have no "_total" suffix, which prometheus-client's
+    # CounterMetricFamily would add to every sample; samples are named by hand instead.
+    return Metric(name, text, "counter")
+
+
+def _sorted(labels: dict[str, str]) -> dict[str, str]:
+    # Exposition keeps insertion order; Triton prints labels sorted by name.
+    return dict(sorted(labels.items()))
+
+
 class ModelView(Protocol):
     """What the collector needs to know about one loaded model version."""
 
@@ -66,9 +76,9 @@ class TritonCollector(Collector):
         models = [(m, m.statistics(), {"model": m.name, "version": str(m.version)})
                   for m in self._models()]
         for name, text, read in COUNTERS:
-            family = CounterMetricFamily(name, text, labels=("model", "version"))
+            family = _counter(name, text)
             for _, stats, labels in models:
-                family.add_metric((labels["model"], labels["version"]), read(stats))
+                family.add_sample(name, labels, read(stats))
             yield family
         yield self._failures(models)
         yield self._pending(models)
@@ -77,15 +87,12 @@ class TritonCollector(Collector):
         yield from self._stop_delay(models)
 
     def _failures(self, models: list[Any]) -> Metric:
-        family = CounterMetricFamily(
-            "nv_inference_request_failure",
-            "Number of failed inference requests, all batch sizes",
-            labels=("model", "reason", "version"),
-        )
+        name = "nv_inference_request_failure"
+        family = _counter(name, "Number of failed inference requests, all batch sizes")
         for _, stats, labels in models:
             failures = dict(stats.failures)
             for reason in FAILURE_REASONS:
-                family.add_metric((labels["model"], reason, labels["version"]),
+                family.add_sample(name, _sorted({**labels, "reason": reason}),
                                   failures.get(reason, 0))
         return family
 
@@ -105,16 +112,15 @@ class TritonCollector(Collector):
         return family
 
     def _cancellations(self, models: list[Any]) -> Metric:
-        family = CounterMetricFamily(
-            "tritium_inference_cancellation",
-            "Requests cancelled, by reason and by where the request was (queued or executing)",
-            labels=("model", "reason", "stage", "version"),
+        name = "tritium_inference_cancellation"
+        family = _counter(
+            name, "Requests cancelled, by reason and by where the request was (queued or executing)"
         )
         for _, stats, labels in models:
             counts = dict(stats.cancellations)
             for reason in CANCEL_REASONS:
                 for stage in STAGES:
-                    family.add_metric((labels["model"], reason, stage, labels["version"]),
+                    family.add_sample(name, _sorted({**labels, "reason": reason, "stage": stage}),
                                       counts.get((reason, stage), 0))
         return family
 

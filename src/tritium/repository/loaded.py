@@ -21,7 +21,7 @@ from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.instance import ModelInstance
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
-from tritium.scheduling.statistics import ModelStatistics
+from tritium.core.statistics import ModelStatistics
 
 log = logging.getLogger("tritium.repository")
 

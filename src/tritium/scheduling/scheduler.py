@@ -20,7 +20,7 @@ from tritium.scheduling.clock import Alarm, Clock, LoopClock
 from tritium.scheduling.deadlines import Deadlines
 from tritium.scheduling.policy import QueuePolicy, SchedulerPolicy, TimeoutAction
 from tritium.scheduling.queue import RequestQueue
-from tritium.scheduling.statistics import Duration, ModelStatistics
+from tritium.core.statistics import Duration, ModelStatistics
 
 __all__ = ["Instance", "ModelScheduler", "QueuePolicy", "SchedulerPolicy", "TimeoutAction"]
 
@@ -67,7 +67,8 @@ class ModelScheduler:
         now = self._clock.now_ns()
         for request in batch:
             size += request.batch_size
-            if request.stage is RequestStage.EXECUTING:
+            # A decoupled request goes on after execute() returns, until its FINAL.
+            if request.stage is RequestStage.EXECUTING and not self.decoupled:
                 request.stage = RequestStage.DONE
             cancelled_at = request.cancellation.cancelled_at_ns
             if cancelled_at and not self.decoupled:
@@ -114,6 +115,7 @@ class ModelScheduler:
     def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
         """Count the outcome once the request's final response was sent."""
         stats = self.stats
+        request.stage = RequestStage.DONE
         elapsed = self._clock.now_ns() - request.arrival_ns
         if request.cancellation.is_cancelled():
             if self._rejected and request in self._rejected:

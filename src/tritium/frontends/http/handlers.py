@@ -15,6 +15,7 @@ from tritium.core.request import InferenceRequest
 from tritium.core.service import InferenceService
 from tritium.frontends.http import codec, compression, generate
 from tritium.frontends.http.routes import Match, NoRoute, Router
+from tritium.frontends.http.statistics import encode_statistics
 from tritium.frontends.http.status import http_status
 from tritium.frontends.http.transport import HttpExchange
 
@@ -87,7 +88,8 @@ class HttpApi:
         respond_json(exchange, 200, model.config_json)
 
     async def model_statistics(self, exchange: HttpExchange, match: Match) -> None:
-        raise TritiumError(ErrorCode.UNSUPPORTED, "statistics are not available yet")
+        entries = self.service.model_statistics(match.model, parse_version(match.version))
+        respond_json(exchange, 200, encode_statistics(entries))
 
     async def repository_index(self, exchange: HttpExchange, match: Match) -> None:
         body = _json_object(exchange.request.body, allow_empty=True)

@@ -1,4 +1,4 @@
-"""Counters a model's scheduler keeps; metrics and the stats endpoints only read them."""
+"""Counters a model keeps (its scheduler writes them); metrics and stats endpoints read them."""
 
 from __future__ import annotations
 
