@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
@@ -50,3 +51,12 @@ def wait_for_metric(metrics_url: str, name: str, value: float, timeout: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"{name}{labels} is {current}, expected {value}")
         time.sleep(0.01)
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``predicate`` (something another process changes) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
