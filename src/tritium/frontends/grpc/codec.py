@@ -1,0 +1,582 @@
+"""gRPC infer codec: tritonclient's protobuf messages to core objects and back."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from tritium.core.errors import ErrorCode, TritiumError, invalid
+from tritium.core.model import IndexEntry, ModelMetadata, TensorMetadata
+from tritium.core.request import (
+    SEQUENCE_END,
+    SEQUENCE_START,
+    InferenceRequest,
+    ParamValue,
+    RequestedOutput,
+)
+from tritium.core.response import InferenceResponse
+from tritium.core.service import ModelStatisticsEntry
+from tritium.core.statistics import Duration, ModelStatistics
+from tritium.core.types import DataType, Tensor
+
+FINAL_KEY = "triton_final_response"
+EMPTY_FINAL_KEY = "triton_enable_empty_final_response"
+_INT64_MAX = (1 << 63) - 1
+
+
+@dataclass(slots=True)
+class GrpcRequestState:
+    """What the gRPC request said that only the gRPC encoder needs (``frontend_state``)."""
+
+    version_text: str = ""  # model_version exactly as the client sent it
+    empty_final: bool = False  # write a response for a flag-only FINAL
+
+
+def parse_version(text: str) -> int | None:
+    """A ``model_version`` string: empty means the version policy picks."""
+    if not text:
+        return None
+    if not text.isdigit():
+        raise invalid(f"invalid model version '{text}'")
+    return int(text)
+
+
+# --------------------------------------------------------------------------- request
+
+
+def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
+    """A core request (its cancellation still to be attached) from a ModelInferRequest."""
+    state = GrpcRequestState(version_text=message.model_version)
+    request = InferenceRequest(
+        model_name=message.model_name,
+        inputs={},
+        model_version=parse_version(message.model_version),
+        id=message.id,
+        frontend_state=state,
+    )
+    if message.parameters:
+        _apply_parameters(request, state, message.parameters)
+    request.inputs = _decode_inputs(message, request.id)
+    if message.outputs:
+        request.requested_outputs = [_decode_output(output) for output in message.outputs]
+    return request
+
+
+def _decode_inputs(message: pb.ModelInferRequest, request_id: str) -> dict[str, Tensor]:
+    raw = message.raw_input_contents
+    items = message.inputs
+    if raw and len(raw) != len(items):
+        raise invalid(
+            f"{_prefix(request_id)}expected {len(items)} entries in raw_input_contents, "
+            f"one per input, but got {len(raw)}"
+        )
+    inputs: dict[str, Tensor] = {}
+    for index, item in enumerate(items):
+        if item.name in inputs:
+            raise invalid(f"{_prefix(request_id)}input '{item.name}' is given more than once")
+        if item.parameters:
+            _refuse_shared_memory(item.parameters, item.name)
+        datatype = _datatype(item.datatype, item.name)
+        shape = _shape(item.shape, item.name)
+        if raw:
+            if item.HasField("contents"):
+                raise invalid(
+                    f"{_prefix(request_id)}contents field must not be specified when using "
+                    f"raw_input_contents for input '{item.name}' for model '{message.model_name}'"
+                )
+            tensor = tensor_from_raw(item.name, datatype, shape, raw[index])
+        else:
+            tensor = tensor_from_contents(item.name, datatype, shape, item.contents)
+        inputs[item.name] = tensor
+    return inputs
+
+
+def _prefix(request_id: str) -> str:
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
+
+def _datatype(name: str, tensor: str) -> DataType:
+    datatype = DataType.from_wire(name)
+    if datatype is None:
+        raise invalid(f"invalid datatype '{name}' for input '{tensor}'")
+    return datatype
+
+
+def _shape(dims: Iterable[int], tensor: str) -> tuple[int, ...]:
+    shape = tuple(dims)
+    if any(dim < 0 for dim in shape):
+        raise invalid(f"input '{tensor}' has a negative dimension in shape {list(shape)}")
+    return shape
+
+
+def _element_count(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def tensor_from_raw(name: str, datatype: DataType, shape: tuple[int, ...], raw: bytes) -> Tensor:
+    """A tensor viewing ``raw`` (row-major little-endian, or length-prefixed BYTES)."""
+    count = _element_count(shape)
+    if datatype is DataType.BYTES:
+        data = bytes_array(split_length_prefixed(raw, count, name))
+    else:
+        expected = count * datatype.itemsize
+        if len(raw) != expected:
+            raise invalid(
+                f"input byte size mismatch for input '{name}': expected {expected} bytes "
+                f"for shape {list(shape)}, got {len(raw)}"
+            )
+        # Zero-copy: the array is a read-only view of the message's bytes.
+        data = np.frombuffer(raw, dtype=datatype.numpy)
+    return Tensor(name, datatype, shape, data.reshape(shape))
+
+
+# The typed ``contents`` field for each datatype; FP16 and BF16 have none (raw only).
+_TYPED_FIELDS: dict[DataType, str] = {
+    DataType.BOOL: "bool_contents",
+    DataType.INT8: "int_contents",
+    DataType.INT16: "int_contents",
+    DataType.INT32: "int_contents",
+    DataType.INT64: "int64_contents",
+    DataType.UINT8: "uint_contents",
+    DataType.UINT16: "uint_contents",
+    DataType.UINT32: "uint_contents",
+    DataType.UINT64: "uint64_contents",
+    DataType.FP32: "fp32_contents",
+    DataType.FP64: "fp64_contents",
+    DataType.BYTES: "bytes_contents",
+}
+
+
+def tensor_from_contents(
+    name: str, datatype: DataType, shape: tuple[int, ...], contents: pb.InferTensorContents
+) -> Tensor:
+    """A tensor from the typed ``contents`` field that matches ``datatype``."""
+    field = _TYPED_FIELDS.get(datatype)
+    if field is None:
+        raise invalid(
+            f"{datatype.wire} input '{name}' must be sent in raw_input_contents: "
+            "the typed contents have no field for it"
+        )
+    values = getattr(contents, field)
+    count = _element_count(shape)
+    if len(values) != count:
+        raise invalid(
+            f"expected {count} elements in {field} for input '{name}' of shape "
+            f"{list(shape)}, got {len(values)}"
+        )
+    if datatype is DataType.BYTES:
+        data = bytes_array(list(values))
+    else:
+        data = _typed_array(name, datatype, values)
+    return Tensor(name, datatype, shape, data.reshape(shape))
+
+
+def _typed_array(name: str, datatype: DataType, values: Sequence[Any]) -> np.ndarray:
+    wide = np.array(values, dtype=_WIDE.get(datatype, datatype.numpy))
+    if datatype not in _WIDE:
+        return wide
+    info = np.iinfo(datatype.numpy)
+    if wide.size and (wide.min() < info.min or wide.max() > info.max):
+        raise invalid(f"a value of input '{name}' is out of range for {datatype.wire}")
+    return wide.astype(datatype.numpy)
+
+
+# Narrow integers travel in 32-bit fields; they are range-checked before narrowing.
+_WIDE = {
+    DataType.INT8: np.dtype(np.int32),
+    DataType.INT16: np.dtype(np.int32),
+    DataType.UINT8: np.dtype(np.uint32),
+    DataType.UINT16: np.dtype(np.uint32),
+}
+
+_LENGTH = struct.Struct("<I")
+
+
+def split_length_prefixed(data: bytes, count: int, name: str) -> list[bytes]:
+    """Split Triton's BYTES serialization (4-byte LE length, then the bytes) into elements."""
+    elements: list[bytes] = []
+    offset, end = 0, len(data)
+    unpack = _LENGTH.unpack_from
+    while offset < end:
+        if end - offset < 4:
+            raise invalid(
+                f"incomplete string length for input '{name}': expected 4 bytes, "
+                f"{end - offset} left"
+            )
+        (size,) = unpack(data, offset)
+        offset += 4
+        if offset + size > end:
+            raise invalid(
+                f"incomplete string data for input '{name}': expected {size} bytes, "
+                f"{end - offset} left"
+            )
+        elements.append(data[offset : offset + size])
+        offset += size
+    if len(elements) != count:
+        raise invalid(f"expected {count} string elements for input '{name}', got {len(elements)}")
+    return elements
+
+
+def bytes_array(elements: Sequence[bytes]) -> np.ndarray:
+    """A 1-D object array of ``elements`` (numpy would otherwise make an 'S' array)."""
+    array = np.empty(len(elements), dtype=object)
+    array[:] = elements
+    return array
+
+
+def _refuse_shared_memory(params: Any, tensor: str) -> None:
+    if "shared_memory_region" in params:
+        raise TritiumError(
+            ErrorCode.UNSUPPORTED,
+            f"shared memory is not supported by this server (tensor '{tensor}')",
+        )
+
+
+def _decode_output(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
+    if not item.parameters:
+        return RequestedOutput(item.name)
+    _refuse_shared_memory(item.parameters, item.name)
+    params = {key: parameter_value(key, value) for key, value in item.parameters.items()}
+    if params.get("classification"):
+        raise TritiumError(
+            ErrorCode.UNSUPPORTED,
+            f"classification of output '{item.name}' is not supported over gRPC yet",
+        )
+    return RequestedOutput(item.name, params)
+
+
+# ------------------------------------------------------------------ request parameters
+
+
+def parameter_value(key: str, value: pb.InferParameter) -> ParamValue:
+    """The Python value of one InferParameter; an unset one is refused."""
+    kind = value.WhichOneof("parameter_choice")
+    if kind is None:
+        raise invalid(f"parameter '{key}' has no value")
+    result: ParamValue = getattr(value, kind)
+    return result
+
+
+def _unsigned(key: str, value: pb.InferParameter) -> int:
+    kind = value.WhichOneof("parameter_choice")
+    if kind not in ("int64_param", "uint64_param") or getattr(value, kind) < 0:
+        raise invalid(f"Unable to parse '{key}': expected a non-negative int64_param")
+    result: int = getattr(value, kind)
+    return result
+
+
+def _boolean(key: str, value: pb.InferParameter) -> bool:
+    if value.WhichOneof("parameter_choice") != "bool_param":
+        raise invalid(f"Unable to parse '{key}': expected a bool_param")
+    return bool(value.bool_param)
+
+
+def _set_sequence_id(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
+    if value.WhichOneof("parameter_choice") == "string_param":
+        request.correlation_id = value.string_param
+    else:
+        request.correlation_id = _unsigned("sequence_id", value)
+
+
+def _set_sequence_start(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
+    if _boolean("sequence_start", value):
+        request.flags |= SEQUENCE_START
+
+
+def _set_sequence_end(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
+    if _boolean("sequence_end", value):
+        request.flags |= SEQUENCE_END
+
+
+def _set_priority(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
+    request.priority = _unsigned("priority", value)
+
+
+def _set_timeout(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
+    request.timeout_us = _unsigned("timeout", value)
+
+
+def _set_empty_final(_: InferenceRequest, state: GrpcRequestState, value: Any) -> None:
+    state.empty_final = _boolean(EMPTY_FINAL_KEY, value)
+
+
+_PARAMETER_SETTERS: dict[str, Callable[[InferenceRequest, GrpcRequestState, Any], None]] = {
+    "sequence_id": _set_sequence_id,
+    "sequence_start": _set_sequence_start,
+    "sequence_end": _set_sequence_end,
+    "priority": _set_priority,
+    "timeout": _set_timeout,
+    EMPTY_FINAL_KEY: _set_empty_final,
+}
+
+
+def _apply_parameters(request: InferenceRequest, state: GrpcRequestState, params: Any) -> None:
+    for key, value in params.items():
+        setter = _PARAMETER_SETTERS.get(key)
+        if setter is not None:
+            setter(request, state, value)
+            continue
+        if key.startswith("triton_"):
+            raise invalid(
+                f"parameter key '{key}' is reserved for Triton usage and should not be specified."
+            )
+        if value.WhichOneof("parameter_choice") == "uint64_param":
+            raise invalid(
+                f"parameter '{key}' has an unsupported type: use int64_param, bool_param, "
+                "string_param or double_param"
+            )
+        request.parameters[key] = parameter_value(key, value)
+
+
+# -------------------------------------------------------------------------- response
+
+
+def encode_infer_response(
+    response: InferenceResponse, request: InferenceRequest
+) -> pb.ModelInferResponse:
+    """A ModelInferResponse with every output in ``raw_output_contents``."""
+    message = pb.ModelInferResponse(
+        model_name=request.model_name, model_version=str(request.model_version), id=request.id
+    )
+    wanted = request.requested_output_names()
+    outputs = message.outputs
+    raw = message.raw_output_contents
+    for tensor in response.outputs:
+        if wanted is not None and tensor.name not in wanted:
+            continue
+        outputs.add(name=tensor.name, datatype=tensor.datatype.wire, shape=tensor.shape)
+        raw.append(tensor_bytes(tensor))
+    if response.parameters:
+        set_parameters(message.parameters, response.parameters)
+    return message
+
+
+def tensor_bytes(tensor: Tensor) -> bytes:
+    """The tensor's raw bytes: little-endian values row-major, or length-prefixed BYTES."""
+    data = tensor.data
+    if data.size != tensor.element_count:
+        raise TritiumError(
+            ErrorCode.INTERNAL,
+            f"output '{tensor.name}' has {data.size} elements but its shape "
+            f"{list(tensor.shape)} needs {tensor.element_count}",
+        )
+    if tensor.datatype is DataType.BYTES:
+        return serialize_bytes(data)
+    wanted = tensor.datatype.numpy
+    if data.dtype != wanted:
+        if tensor.datatype is DataType.BF16 and data.dtype.itemsize == 2:
+            data = np.ascontiguousarray(data).view(np.uint16)  # bfloat16 bit patterns
+        else:
+            data = data.astype(wanted)
+    return data.tobytes()
+
+
+def serialize_bytes(data: np.ndarray) -> bytes:
+    """Triton's BYTES serialization of every element, row-major."""
+    pack = _LENGTH.pack
+    parts: list[bytes] = []
+    for element in data.reshape(-1).tolist():
+        if type(element) is not bytes:
+            element = _element_bytes(element)
+        parts.append(pack(len(element)))
+        parts.append(element)
+    return b"".join(parts)
+
+
+def _element_bytes(element: Any) -> bytes:
+    if isinstance(element, str):
+        return element.encode("utf-8")
+    if isinstance(element, bytes | bytearray | memoryview):
+        return bytes(element)
+    return str(element).encode("utf-8")
+
+
+def set_parameters(target: Any, params: dict[str, Any]) -> None:
+    """Write response parameters into an InferParameter map."""
+    for key, value in params.items():
+        slot = target[key]
+        if isinstance(value, bool):
+            slot.bool_param = value
+        elif isinstance(value, int):
+            if value > _INT64_MAX:
+                slot.uint64_param = value
+            else:
+                slot.int64_param = value
+        elif isinstance(value, float):
+            slot.double_param = value
+        else:
+            slot.string_param = value if isinstance(value, str) else str(value)
+
+
+def encode_stream_response(
+    response: InferenceResponse, request: InferenceRequest
+) -> pb.ModelStreamInferResponse | None:
+    """The stream message for one response; None when nothing is to be written."""
+    state = request.frontend_state
+    if response.error is not None:
+        message = pb.ModelStreamInferResponse(error_message=response.error.message)
+        _fill_bare(message.infer_response, request, state)
+    elif response.flag_only:
+        if not (isinstance(state, GrpcRequestState) and state.empty_final):
+            return None
+        message = pb.ModelStreamInferResponse()
+        _fill_bare(message.infer_response, request, state)
+    else:
+        try:
+            infer = encode_infer_response(response, request)
+        except TritiumError as exc:
+            return encode_stream_response(InferenceResponse.failure(exc, response.final), request)
+        message = pb.ModelStreamInferResponse(infer_response=infer)
+    message.infer_response.parameters[FINAL_KEY].bool_param = response.final
+    return message
+
+
+def _fill_bare(target: pb.ModelInferResponse, request: InferenceRequest, state: Any) -> None:
+    target.id = request.id
+    target.model_name = request.model_name
+    if isinstance(state, GrpcRequestState):
+        target.model_version = state.version_text
+
+
+def encode_stream_error(error: TritiumError, request_id: str) -> pb.ModelStreamInferResponse:
+    """A request that was refused before it reached a model: its id and the message."""
+    return pb.ModelStreamInferResponse(
+        error_message=error.message, infer_response=pb.ModelInferResponse(id=request_id)
+    )
+
+
+# ------------------------------------------------------------- metadata, repository
+
+
+def encode_server_metadata(meta: dict[str, Any]) -> pb.ServerMetadataResponse:
+    return pb.ServerMetadataResponse(
+        name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+    )
+
+
+def encode_model_metadata(meta: ModelMetadata) -> pb.ModelMetadataResponse:
+    def tensors(items: list[TensorMetadata]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+        return [
+            pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype, shape=t.shape)
+            for t in items
+        ]
+
+    return pb.ModelMetadataResponse(
+        name=meta.name,
+        versions=meta.versions,
+        platform=meta.platform,
+        inputs=tensors(meta.inputs),
+        outputs=tensors(meta.outputs),
+    )
+
+
+def encode_repository_index(entries: Iterable[IndexEntry]) -> pb.RepositoryIndexResponse:
+    return pb.RepositoryIndexResponse(models=[
+        pb.RepositoryIndexResponse.ModelIndex(
+            name=entry.name,
+            version="" if entry.version is None else str(entry.version),
+            state=entry.state.value,
+            reason=entry.reason,
+        )
+        for entry in entries
+    ])
+
+
+def decode_repository_parameters(params: Any) -> dict[str, bool | int | str | bytes]:
+    """Load/unload parameters (``config`` text, ``file:<path>`` bytes, ...) as values."""
+    values: dict[str, bool | int | str | bytes] = {}
+    for key, value in params.items():
+        kind = value.WhichOneof("parameter_choice")
+        if kind is None:
+            raise invalid(f"repository parameter '{key}' has no value")
+        values[key] = getattr(value, kind)
+    return values
+
+
+# ------------------------------------------------------------------ log, trace settings
+
+LOG_SETTING_TYPES: dict[str, str] = {
+    "log_file": "string_param",
+    "log_info": "bool_param",
+    "log_warning": "bool_param",
+    "log_error": "bool_param",
+    "log_verbose_level": "uint32_param",
+    "log_format": "string_param",
+}
+
+
+def decode_log_settings(message: pb.LogSettingsRequest) -> dict[str, bool | int | str]:
+    """The settings a LogSettings call asks to change, type-checked."""
+    updates: dict[str, bool | int | str] = {}
+    for key, value in message.settings.items():
+        expected = LOG_SETTING_TYPES.get(key)
+        if expected is None:
+            raise invalid(f"unknown log setting '{key}'")
+        if value.WhichOneof("parameter_choice") != expected:
+            raise invalid(f"log setting '{key}' expects {expected}")
+        updates[key] = getattr(value, expected)
+    return updates
+
+
+def encode_log_settings(settings: dict[str, bool | int | str]) -> pb.LogSettingsResponse:
+    message = pb.LogSettingsResponse()
+    for key, value in settings.items():
+        setattr(message.settings[key], LOG_SETTING_TYPES[key], value)
+    return message
+
+
+def decode_trace_settings(message: pb.TraceSettingRequest) -> dict[str, list[str]]:
+    return {key: list(value.value) for key, value in message.settings.items()}
+
+
+def encode_trace_settings(settings: dict[str, list[str]]) -> pb.TraceSettingResponse:
+    message = pb.TraceSettingResponse()
+    for key, values in settings.items():
+        message.settings[key].value.extend(values)
+    return message
+
+
+# ------------------------------------------------------------------------ statistics
+
+
+def _duration(value: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=value.count, ns=value.ns)
+
+
+def _model_statistics(entry: ModelStatisticsEntry) -> pb.ModelStatistics:
+    stats: ModelStatistics = entry.stats
+    zero = pb.StatisticDuration()
+    return pb.ModelStatistics(
+        name=entry.name,
+        version=str(entry.version),
+        last_inference=stats.last_inference_ms,
+        inference_count=stats.inference_count,
+        execution_count=stats.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(stats.success),
+            fail=_duration(stats.fail),
+            queue=_duration(stats.queue),
+            compute_input=_duration(stats.compute_input),
+            compute_infer=_duration(stats.compute_infer),
+            compute_output=_duration(stats.compute_output),
+            cache_hit=zero,
+            cache_miss=zero,
+        ),
+        batch_stats=[
+            pb.InferBatchStatistics(batch_size=size, compute_input=zero,
+                                    compute_infer=_duration(timing), compute_output=zero)
+            for size, timing in sorted(dict(stats.batches).items())
+        ],
+    )
+
+
+def encode_model_statistics(entries: list[ModelStatisticsEntry]) -> pb.ModelStatisticsResponse:
+    return pb.ModelStatisticsResponse(model_stats=[_model_statistics(e) for e in entries])
