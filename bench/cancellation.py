@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.e2e.observe import Records  # noqa: E402
-from tests.server_process import TritiumProcess  # noqa: E402
-from tests.zoo import DECOUPLED, _parameter, _tensor, add_model  # noqa: E402
+from tests.e2e.observe import Records
+from tests.server_process import TritiumProcess
+from tests.zoo import DECOUPLED, _parameter, _tensor, add_model
 
 Leave = Callable[[TritiumProcess, str], float]
 
@@ -153,8 +153,8 @@ def main() -> None:
                     for worker in workers:
                         worker.start()
                 for name, leave in paths.items():
-                    print(f"{condition:6s} {name:34s} {measure(server, records, leave, args.trials)}",
-                          flush=True)
+                    figures = measure(server, records, leave, args.trials)
+                    print(f"{condition:6s} {name:34s} {figures}", flush=True)
                 for worker in workers:
                     worker.kill()
                     worker.join()

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.server_process import TritiumProcess  # noqa: E402
-from tests.zoo import DECOUPLED, add_model  # noqa: E402
+from tests.server_process import TritiumProcess
+from tests.zoo import DECOUPLED, add_model
 
 CONFIG = (DECOUPLED
           + 'input [{ name: "INPUT0" data_type: TYPE_INT32 dims: [1] }, '

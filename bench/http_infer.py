@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.server_process import TritiumProcess  # noqa: E402
+from tests.server_process import TritiumProcess
 
 REPOSITORY = Path(__file__).resolve().parent.parent / "src" / "tritium" / "example_repository"
 

@@ -26,9 +26,11 @@ import numpy as np
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.e2e.observe import metric  # noqa: E402
-from tests.server_process import TritiumProcess  # noqa: E402
-from tests.zoo import DECOUPLED, _parameter, _tensor, add_model  # noqa: E402
+import contextlib
+
+from tests.e2e.observe import metric
+from tests.server_process import TritiumProcess
+from tests.zoo import DECOUPLED, _parameter, _tensor, add_model
 
 HTTP_PATHS = (("slow", "infer"), ("slow", "generate"), ("slow", "generate_stream"),
               ("slow_decoupled", "generate"), ("slow_decoupled", "generate_stream"))
@@ -57,10 +59,8 @@ async def http_abandon(port: int, model: str, endpoint: str, seconds: float, wai
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(f"POST /v2/models/{model}/{endpoint} HTTP/1.1\r\nHost: s\r\n"
                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(reader.read(1 << 16), wait)
-    except TimeoutError:
-        pass
     sock = writer.get_extra_info("socket")
     if random.random() < 0.5 and sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -84,10 +84,8 @@ async def grpc_abandon(client: object, model: str, seconds: float, wait: float) 
                 pass
 
         task = asyncio.ensure_future(consume())
-    try:
+    with contextlib.suppress(Exception):
         await asyncio.wait_for(asyncio.shield(task), wait)
-    except Exception:  # noqa: BLE001 - a cancelled or failed call is the point here
-        pass
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 

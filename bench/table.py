@@ -1,4 +1,4 @@
-"""One table: protocol × shape × concurrency → infer/s, p50, p99, server CPU µs/inference.
+"""One table: protocol by shape by concurrency → infer/s, p50, p99, server CPU µs/inference.
 
 Starts ``tritium serve`` on the bundled example repository and loads its ``identity``
 model ([1,N] FP32) with Triton's own perf_analyzer when it is installed
@@ -26,7 +26,6 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import grpc_infer  # noqa: E402
 import http_infer  # noqa: E402
-
 from tests.e2e.observe import metric  # noqa: E402
 from tests.server_process import TritiumProcess  # noqa: E402
 
@@ -72,7 +71,8 @@ def perf_analyzer_row(binary: str, server: TritiumProcess, protocol: str, elemen
                    "-s", "30", "-r", "6"]
         _, cpu_us = with_cpu(server, lambda: subprocess.run(
             command, check=True, capture_output=True, timeout=600))
-        row = next(csv.DictReader(open(report.name)))
+        with open(report.name) as figures:
+            row = next(csv.DictReader(figures))
     return Row(float(row["Inferences/Second"]), float(row["p50 latency"]) / 1e3,
                float(row["p99 latency"]) / 1e3, cpu_us)
 

@@ -94,7 +94,8 @@ def test_model_ready_and_repository_index(client: httpclient.InferenceServerClie
 
 
 def _input(name: str, data: np.ndarray, binary: bool = True) -> httpclient.InferInput:
-    datatype = "BF16" if data.dtype == ml_dtypes.bfloat16 else httpclient.np_to_triton_dtype(data.dtype)
+    bf16 = data.dtype == ml_dtypes.bfloat16
+    datatype = "BF16" if bf16 else httpclient.np_to_triton_dtype(data.dtype)
     tensor = httpclient.InferInput(name, list(data.shape), datatype)
     tensor.set_data_from_numpy(data, binary_data=binary)
     return tensor

@@ -4,6 +4,7 @@ import asyncio
 import time
 
 import numpy as np
+
 import triton_python_backend_utils as pb_utils
 
 
@@ -15,6 +16,6 @@ class TritonPythonModel:
             start = time.monotonic()
             await asyncio.sleep(seconds)
             out = np.array([start, time.monotonic()], dtype=np.float64)
-            sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", out)]),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", out)])
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None

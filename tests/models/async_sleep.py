@@ -4,6 +4,7 @@ import asyncio
 import time
 
 import numpy as np
+
 import triton_python_backend_utils as pb_utils
 
 

@@ -6,6 +6,7 @@ INPUT0 seconds (its cancellation follows this request's).
 """
 
 import numpy as np
+
 import triton_python_backend_utils as pb_utils
 
 

@@ -1,9 +1,11 @@
 """Decoupled: sends INPUT0[0] responses (OUTPUT0 = index), DELAY[0] ms apart, from a thread."""
 
+import contextlib
 import threading
 import time
 
 import numpy as np
+
 import triton_python_backend_utils as pb_utils
 
 
@@ -26,7 +28,6 @@ class TritonPythonModel:
             out = pb_utils.Tensor("OUTPUT0", np.array([index], dtype=np.int32))
             sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        try:
+        # Sending after FINAL must raise here, in the model, not in the server.
+        with contextlib.suppress(pb_utils.TritonModelException):
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except pb_utils.TritonModelException:
-            pass  # sending after FINAL must raise here, in the model, not in the server

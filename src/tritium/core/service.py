@@ -31,7 +31,13 @@ class ModelStatisticsEntry:
 
 SERVER_NAME = "triton"
 SERVER_VERSION = "2.73.0"
-EXTENSIONS = ("model_repository", "model_configuration", "binary_tensor_data", "parameters")
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,12 @@ from tritium.core.cancellation import CancelReason
 from tritium.core.errors import TritiumError
 from tritium.core.request import InferenceRequest
 from tritium.core.response import ResponseStream
+from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.instance import ModelInstance
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
-from tritium.core.statistics import ModelStatistics
 
 log = logging.getLogger("tritium.repository")
 

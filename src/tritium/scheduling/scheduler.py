@@ -15,12 +15,12 @@ from typing import Protocol
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest, RequestStage
+from tritium.core.statistics import Duration, ModelStatistics
 from tritium.scheduling.batcher import Batcher
 from tritium.scheduling.clock import Alarm, Clock, LoopClock
 from tritium.scheduling.deadlines import Deadlines
 from tritium.scheduling.policy import QueuePolicy, SchedulerPolicy, TimeoutAction
 from tritium.scheduling.queue import RequestQueue
-from tritium.core.statistics import Duration, ModelStatistics
 
 __all__ = ["Instance", "ModelScheduler", "QueuePolicy", "SchedulerPolicy", "TimeoutAction"]
 

@@ -1,6 +1,7 @@
 """BLS front: forwards the prompt to token_engine and relays or gathers its tokens."""
 
 import numpy as np
+
 import triton_python_backend_utils as pb_utils
 
 
