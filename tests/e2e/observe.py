@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -17,19 +18,32 @@ class Records:
     def __init__(self, path: Path):
         self.path = path
 
-    def events(self, request_id: str) -> list[str]:
+    def _rows(self, request_id: str) -> list[dict[str, object]]:
         if not self.path.exists():
             return []
         lines = self.path.read_text().splitlines()
-        return [r["event"] for r in map(json.loads, lines) if r["id"] == request_id]
+        return [r for r in map(json.loads, lines) if r["id"] == request_id]
 
-    def wait_for(self, request_id: str, event: str, timeout: float = 10.0) -> None:
+    def events(self, request_id: str) -> list[str]:
+        return [str(r["event"]) for r in self._rows(request_id)]
+
+    def times(self, request_id: str, event: str) -> list[float]:
+        """When the model recorded ``event`` (CLOCK_MONOTONIC, shared by processes)."""
+        return [float(r["t"]) for r in self._rows(request_id)  # type: ignore[arg-type]
+                if r["event"] == event]
+
+    def wait_for(self, request_id: str, event: str, timeout: float = 10.0) -> float:
+        """Wait until the model recorded ``event``; returns when it did."""
         deadline = time.monotonic() + timeout
-        while event not in self.events(request_id):
+        while not (found := self.times(request_id, event)):
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"{event!r} never recorded for {request_id}: {self.events(request_id)}")
             time.sleep(0.005)
+        return found[0]
+
+    async def wait_for_async(self, request_id: str, event: str) -> float:
+        return await asyncio.to_thread(self.wait_for, request_id, event)
 
 
 def metric(metrics_url: str, name: str, **labels: str) -> float:

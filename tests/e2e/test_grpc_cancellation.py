@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
 import time
 import uuid
@@ -16,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.observe import metric, wait_for_metric
+from tests.e2e.observe import Records, metric, wait_for_metric
 from tests.server_process import TritiumProcess
 
 CANCELLED = "tritium_inference_cancellation"
@@ -24,38 +23,14 @@ CANCELLED = "tritium_inference_cancellation"
 STOP_BOUND_S = 1.0
 
 
-class Timeline:
-    """The events a recording slow model wrote, with their monotonic times."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def times(self, request_id: str, event: str) -> list[float]:
-        if not self.path.exists():
-            return []
-        rows = [json.loads(line) for line in self.path.read_text().splitlines()]
-        return [r["t"] for r in rows if r["id"] == request_id and r["event"] == event]
-
-    def wait_for(self, request_id: str, event: str, timeout: float = 10.0) -> float:
-        deadline = time.monotonic() + timeout
-        while not (found := self.times(request_id, event)):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{event!r} never recorded for {request_id}")
-            time.sleep(0.005)
-        return found[0]
-
-    async def wait_for_async(self, request_id: str, event: str) -> float:
-        return await asyncio.to_thread(self.wait_for, request_id, event)
+@pytest.fixture(scope="module")
+def slow(record_dir: Path) -> Records:
+    return Records(record_dir / "slow.jsonl")
 
 
 @pytest.fixture(scope="module")
-def slow(record_dir: Path) -> Timeline:
-    return Timeline(record_dir / "slow.jsonl")
-
-
-@pytest.fixture(scope="module")
-def pair(record_dir: Path) -> Timeline:
-    return Timeline(record_dir / "slow_pair.jsonl")
+def pair(record_dir: Path) -> Records:
+    return Records(record_dir / "slow_pair.jsonl")
 
 
 def new_id() -> str:
@@ -72,7 +47,7 @@ def cancellations(server: TritiumProcess, model: str, reason: str) -> float:
     return metric(server.metrics_url, CANCELLED, model=model, reason=reason, stage="executing")
 
 
-def assert_stopped_soon(timeline: Timeline, request_id: str, left_at: float) -> None:
+def assert_stopped_soon(timeline: Records, request_id: str, left_at: float) -> None:
     stopped = timeline.wait_for(request_id, "cancelled")
     assert stopped - left_at < STOP_BOUND_S, f"model stopped {stopped - left_at:.3f} s late"
     assert not timeline.times(request_id, "done")
@@ -81,7 +56,7 @@ def assert_stopped_soon(timeline: Timeline, request_id: str, left_at: float) -> 
 # ------------------------------------------------------------------------ unary
 
 
-def test_sync_unary_cancel(server: TritiumProcess, slow: Timeline) -> None:
+def test_sync_unary_cancel(server: TritiumProcess, slow: Records) -> None:
     rid = new_id()
     before = cancellations(server, "slow", "CLIENT_CANCELLED")
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
@@ -94,7 +69,7 @@ def test_sync_unary_cancel(server: TritiumProcess, slow: Timeline) -> None:
                     reason="CLIENT_CANCELLED", stage="executing")
 
 
-def test_aio_unary_cancel(server: TritiumProcess, slow: Timeline) -> None:
+def test_aio_unary_cancel(server: TritiumProcess, slow: Records) -> None:
     rid = new_id()
 
     async def run() -> float:
@@ -111,7 +86,7 @@ def test_aio_unary_cancel(server: TritiumProcess, slow: Timeline) -> None:
     assert_stopped_soon(slow, rid, asyncio.run(run()))
 
 
-def test_unary_deadline(server: TritiumProcess, slow: Timeline) -> None:
+def test_unary_deadline(server: TritiumProcess, slow: Records) -> None:
     rid = new_id()
     before = cancellations(server, "slow", "DEADLINE")
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
@@ -128,7 +103,7 @@ def test_unary_deadline(server: TritiumProcess, slow: Timeline) -> None:
 
 
 def test_sync_stream_cancel_cancels_every_request(server: TritiumProcess,
-                                                  pair: Timeline) -> None:
+                                                  pair: Records) -> None:
     ids = [new_id(), new_id()]
     results: queue.Queue[Any] = queue.Queue()
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
@@ -144,7 +119,7 @@ def test_sync_stream_cancel_cancels_every_request(server: TritiumProcess,
     assert all(result is None for result, _ in list(results.queue))
 
 
-def test_aio_stream_cancel(server: TritiumProcess, pair: Timeline) -> None:
+def test_aio_stream_cancel(server: TritiumProcess, pair: Records) -> None:
     rid = new_id()
 
     async def run() -> float:
@@ -169,7 +144,7 @@ def test_aio_stream_cancel(server: TritiumProcess, pair: Timeline) -> None:
     assert_stopped_soon(pair, rid, asyncio.run(run()))
 
 
-def test_stream_half_close_cancels_nothing(server: TritiumProcess, pair: Timeline) -> None:
+def test_stream_half_close_cancels_nothing(server: TritiumProcess, pair: Records) -> None:
     rid = new_id()
     results: queue.Queue[Any] = queue.Queue()
     with grpcclient.InferenceServerClient(server.grpc_url) as client:

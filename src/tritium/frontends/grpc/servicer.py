@@ -70,12 +70,17 @@ def core_errors(method: Method[Reply]) -> Method[Reply]:
     return wrapper
 
 
+DEADLINE_SLACK_S = 0.1
+
+
 def cancel_reason(context: Context, stopping: bool) -> CancelReason:
     """Why an RPC ended early: server shutdown, its deadline, or the client leaving."""
     if stopping:
         return CancelReason.SHUTDOWN
     remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0.0:
+    # The client's deadline ends its call (an RST_STREAM that arrives here) a little before
+    # the server's copy of it, which started counting only when the call arrived.
+    if remaining is not None and remaining <= DEADLINE_SLACK_S:
         return CancelReason.DEADLINE
     return CancelReason.CLIENT_CANCELLED
 
