@@ -127,6 +127,8 @@ BATCHING_MODELS = {
                      "dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n",
     "instance_pool": "instance_group [{ name: \"pool\" count: 2 kind: KIND_CPU }, "
                      "{ count: 1 kind: KIND_CPU }]\n",
+    "batch_ordered": "max_batch_size: 1\ndynamic_batching { preserve_ordering: true }\n"
+                     "instance_group [{ count: 2 kind: KIND_CPU }]\n",
     "gpu_group": "instance_group [{ count: 1 kind: KIND_GPU gpus: [ 0 ] }]\n",
 }
 

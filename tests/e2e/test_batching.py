@@ -31,7 +31,7 @@ from tests.server_process import TritiumProcess
 
 PENDING = "nv_inference_pending_request_count"
 BATCHED = {"batch_off", "batch_nodelay", "batch_window", "batch_preferred", "queue_priority",
-           "queue_reject", "queue_delay", "queue_bounded"}
+           "queue_reject", "queue_delay", "queue_bounded", "batch_ordered"}
 
 
 def counter(server: TritiumProcess, name: str, **labels: str) -> float:
@@ -333,6 +333,31 @@ def test_instances_of_every_group_execute_in_parallel(
     executions = records.executions(ids)
     assert len({e["instance"] for e in executions}) == 3
     assert max(e["start"] for e in executions) < min(e["end"] for e in executions)
+
+
+@pytest.mark.parametrize(("model", "ordered"), [("batch_ordered", True),
+                                               ("instance_pool", False)])
+def test_preserve_ordering_holds_back_a_later_quicker_response(
+        server: TritiumProcess, record_dir: Path, pool: ThreadPoolExecutor, model: str,
+        ordered: bool) -> None:
+    records = ModelRecords(record_dir, model)
+    slow_id, quick_id = new_id("first"), new_id("second")
+    answered: dict[str, float] = {}
+
+    def call(request_id: str, seconds: float) -> None:
+        assert infer(server, model, request_id, seconds).status_code == 200
+        answered[request_id] = time.monotonic()
+
+    first = pool.submit(call, slow_id, 0.6)
+    records.wait_started(slow_id)
+    second = pool.submit(call, quick_id, 0.0)
+    first.result(30)
+    second.result(30)
+    (quick,) = records.executions([quick_id])
+    (slow,) = records.executions([slow_id])
+    assert quick["end"] < slow["end"]  # the second request really did finish first
+    # With preserve_ordering its answer waits for the first one; without, it does not.
+    assert (answered[quick_id] > slow["end"]) is ordered
 
 
 def test_gpu_instance_group_fails_to_load_with_a_clear_reason(server: TritiumProcess) -> None:

@@ -18,14 +18,16 @@ from collections.abc import Awaitable, Callable
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest
-from tritium.core.response import DeferredWakes, InferenceResponse, ResponseStream, wake_all
+from tritium.core.response import DeferredWakes, InferenceResponse, ResponseStream
 from tritium.execution.backend import InstanceInfo, ModelBackend
 
 log = logging.getLogger("tritium.execution")
 
 BackendFactory = Callable[[InstanceInfo], ModelBackend]
-# (instance, batch, nanoseconds execute took or -1 when it did not run)
-DoneCallback = Callable[["ModelInstance", list[InferenceRequest], int], None]
+# (instance, batch, nanoseconds execute took or -1 when it did not run, the streams whose
+# responses wait to be woken: the callback must wake them, see core.response.DeferredWakes)
+DoneCallback = Callable[["ModelInstance", list[InferenceRequest], int, list[ResponseStream]],
+                        None]
 
 _STOP = None
 
@@ -114,8 +116,7 @@ class ModelInstance:
 
     def _finish(self, batch: list[InferenceRequest], elapsed: int,
                 woken: list[ResponseStream]) -> None:
-        wake_all(woken)
-        self._on_done(self, batch, elapsed)
+        self._on_done(self, batch, elapsed, woken)
 
     def _serve_async(self, model_loop: asyncio.AbstractEventLoop) -> None:
         asyncio.set_event_loop(model_loop)
@@ -140,13 +141,13 @@ class ModelInstance:
                 _fail_batch(live, self.info.model_name, exc)
         if result is None or not inspect.isawaitable(result):
             elapsed = time.monotonic_ns() - started if live else -1
-            self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed)
+            self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed, [])
             return
         task = asyncio.ensure_future(result)
         if backend.decoupled:
             # Decoupled coroutines overlap: the instance takes the next batch at once.
             self._loop.call_soon_threadsafe(
-                self._on_done, self, batch, time.monotonic_ns() - started)
+                self._on_done, self, batch, time.monotonic_ns() - started, [])
             task.add_done_callback(lambda t: _log_task_error(t, live, self.info.model_name))
         else:
             task.add_done_callback(lambda t: self._async_done(t, batch, live, started))
@@ -155,7 +156,7 @@ class ModelInstance:
                     live: list[InferenceRequest], started: int) -> None:
         _log_task_error(task, live, self.info.model_name)
         elapsed = time.monotonic_ns() - started
-        self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed)
+        self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed, [])
 
     def _finalize(self) -> None:
         if self._backend is None:

@@ -15,10 +15,12 @@ from typing import Protocol
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest, RequestStage
+from tritium.core.response import ResponseStream, wake_all
 from tritium.core.statistics import Duration, ModelStatistics
 from tritium.scheduling.batcher import Batcher
 from tritium.scheduling.clock import Alarm, Clock, LoopClock
 from tritium.scheduling.deadlines import Deadlines
+from tritium.scheduling.ordering import OrderedDelivery
 from tritium.scheduling.policy import QueuePolicy, SchedulerPolicy, TimeoutAction
 from tritium.scheduling.queue import RequestQueue
 
@@ -54,14 +56,21 @@ class ModelScheduler:
         # Requests this scheduler cancelled for their queue timeout: counted REJECTED,
         # not CANCELED, when they finish (which removes them from here).
         self._rejected: set[InferenceRequest] = set()
+        self._ordered = OrderedDelivery() if policy.preserve_ordering else None
 
     # -- instances ---------------------------------------------------------------
     def add_instances(self, instances: Sequence[Instance]) -> None:
         self._idle.extend(instances)
         self._dispatch()
 
-    def batch_done(self, instance: Instance, batch: list[InferenceRequest], exec_ns: int) -> None:
-        """An instance finished ``execute`` for ``batch`` (in ``exec_ns``) and can take more."""
+    def batch_done(self, instance: Instance, batch: list[InferenceRequest], exec_ns: int,
+                   woken: list[ResponseStream] | None = None) -> None:
+        """An instance finished ``execute`` for ``batch`` (in ``exec_ns``) and can take more;
+        ``woken`` are the streams whose responses it returned, still to be woken."""
+        if self._ordered is not None:
+            self._ordered.finished(batch, woken or [])
+        elif woken:
+            wake_all(woken)
         size = 0
         stats = self.stats
         now = self._clock.now_ns()
@@ -186,6 +195,8 @@ class ModelScheduler:
             stats.queue.add(now - request.arrival_ns)
         stats.pending -= len(batch)
         stats.executing += len(batch)
+        if self._ordered is not None:
+            self._ordered.dispatched(batch)
         self._idle.pop().submit(batch)
 
     def _next_batch(self) -> list[InferenceRequest]:
