@@ -165,3 +165,20 @@ def test_killed_client_process_cancels(server: TritiumProcess, records: Records,
         client.wait()
     records.wait_for(rid, "cancelled", timeout=5)
     server.wait_for_line(f"request {rid} for model '{model}' version 1 cancelled while executing")
+
+
+@pytest.mark.parametrize(("rpc", "model"), CELLS)
+def test_killed_client_process_removes_queued(server: TritiumProcess, stub: Any,
+                                              records: Records, rpc: str, model: str) -> None:
+    rid = new_id()
+    with occupied(stub, records, model):
+        client = subprocess.Popen([sys.executable, "-c", CLIENT, server.grpc_url, rpc, model,
+                                   rid])
+        try:
+            wait_for_metric(server.metrics_url, PENDING, 1, model=model)
+        finally:
+            client.kill()
+            client.wait()
+        server.wait_for_line(f"request {rid} for model '{model}' version 1 cancelled while "
+                             "queued")
+    assert records.events(rid) == []

@@ -105,37 +105,62 @@ def test_leaving_removes_a_queued_request(server: TritiumProcess, records: Recor
     assert records.events(rid) == []
 
 
-def test_pipelined_request_behind_another_never_runs(server: TritiumProcess,
-                                                      records: Records) -> None:
+@pytest.mark.parametrize(("model", "endpoint"), [("slow", "infer"),
+                                               ("slow_decoupled", "generate_stream")])
+def test_pipelined_request_behind_another_never_runs(server: TritiumProcess, records: Records,
+                                                      model: str, endpoint: str) -> None:
     first, second = new_id(), new_id()
     sock = connect(server)
-    sock.sendall(raw_request("slow", "infer", first, 30) + raw_request("slow", "infer", second, 0))
+    sock.sendall(raw_request(model, endpoint, first, 30) + raw_request(model, endpoint, second, 0))
     records.wait_for(first, "start")
     leave(sock)
     records.wait_for(first, "cancelled", timeout=2)
     # The next request runs on the freed instance; a leaked pipelined one would run first.
     after = new_id()
-    reply = requests.post(f"http://{server.http_url}/v2/models/slow/infer",
-                          data=body("infer", after, 0.01), timeout=30)
+    reply = requests.post(f"http://{server.http_url}/v2/models/{model}/generate_stream",
+                          data=body("generate_stream", after, 0.01), timeout=30)
     assert reply.status_code == 200
+    assert records.events(after) == ["start", "done"]
     assert records.events(second) == []
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_killed_client_process_cancels(server: TritiumProcess, records: Records,
-                                       model: str) -> None:
-    rid = new_id()
-    endpoint = "infer" if model == "slow" else "generate"
-    script = ("import requests, sys; requests.post(sys.argv[1], data=sys.argv[2].encode(), "
-              "timeout=60)")
+KILLABLE_CLIENT = ("import requests, sys; requests.post(sys.argv[1], data=sys.argv[2].encode(), "
+                   "timeout=60)")
+
+
+def killed_client(server: TritiumProcess, model: str, endpoint: str, request_id: str
+                  ) -> subprocess.Popen[bytes]:
     url = f"http://{server.http_url}/v2/models/{model}/{endpoint}"
-    client = subprocess.Popen([sys.executable, "-c", script, url, body(endpoint, rid, 30).decode()])
+    data = body(endpoint, request_id, 30).decode()
+    return subprocess.Popen([sys.executable, "-c", KILLABLE_CLIENT, url, data])
+
+
+@pytest.mark.parametrize(("endpoint", "model"), cells())
+def test_killed_client_process_cancels_executing(server: TritiumProcess, records: Records,
+                                                 endpoint: str, model: str) -> None:
+    rid = new_id()
+    client = killed_client(server, model, endpoint, rid)
     try:
         records.wait_for(rid, "start")
     finally:
         client.kill()
         client.wait()
     records.wait_for(rid, "cancelled", timeout=2)
+
+
+@pytest.mark.parametrize(("endpoint", "model"), cells())
+def test_killed_client_process_removes_queued(server: TritiumProcess, records: Records,
+                                              occupied: dict[str, str], endpoint: str,
+                                              model: str) -> None:
+    rid = new_id()
+    client = killed_client(server, model, endpoint, rid)
+    try:
+        wait_for_metric(server.metrics_url, "nv_inference_pending_request_count", 1, model=model)
+    finally:
+        client.kill()
+        client.wait()
+    server.wait_for_line(f"request {rid} for model '{model}' version 1 cancelled while queued")
+    assert records.events(rid) == []
 
 
 def test_bls_child_is_cancelled_with_its_parent(server: TritiumProcess, record_dir: Path) -> None:
