@@ -30,6 +30,9 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+_SEEN_LIMIT = 4096  # distinct (method, path) pairs remembered before starting afresh
+
+
 @dataclass(frozen=True, slots=True)
 class Match:
     handler: str
@@ -56,6 +59,7 @@ class Router:
     def __init__(self, routes: tuple[tuple[str, str, str], ...] = ROUTES):
         self._static: dict[str, dict[str, str]] = {}
         self._dynamic: list[tuple[re.Pattern[str], dict[str, str]]] = []
+        self._seen: dict[tuple[str, str], Match | NoRoute] = {}
         by_pattern: dict[str, dict[str, str]] = {}
         for method, pattern, handler in routes:
             by_pattern.setdefault(pattern, {})[method] = handler
@@ -66,6 +70,25 @@ class Router:
                 self._static[pattern] = methods
 
     def match(self, method: str, path: str) -> Match:
+        # Clients hit the same few URLs over and over: remember what each resolved to.
+        key = (method, path)
+        found = self._seen.get(key)
+        if found is None:
+            found = self._match(method, path)
+            if len(self._seen) >= _SEEN_LIMIT:
+                self._seen.clear()
+            self._seen[key] = found
+        if isinstance(found, NoRoute):
+            raise NoRoute(found.status, found.message)  # a fresh one: no traceback build-up
+        return found
+
+    def _match(self, method: str, path: str) -> Match | NoRoute:
+        try:
+            return self._lookup(method, path)
+        except NoRoute as exc:
+            return exc
+
+    def _lookup(self, method: str, path: str) -> Match:
         methods = self._static.get(path)
         if methods is not None:
             return Match(_pick(methods, method))
