@@ -172,3 +172,7 @@ def test_statistics_of_one_model(client: Client) -> None:
     assert [s["name"] for s in stats] == ["identity_int8"]
     assert int(stats[0]["inference_stats"]["success"]["count"]) >= 1
     assert int(stats[0]["execution_count"]) >= 1
+    # perf_analyzer refuses statistics whose three compute counts differ.
+    counts = {int(stats[0]["inference_stats"][part]["count"])
+              for part in ("compute_input", "compute_infer", "compute_output")}
+    assert len(counts) == 1

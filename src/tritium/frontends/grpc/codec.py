@@ -571,8 +571,10 @@ def _model_statistics(entry: ModelStatisticsEntry) -> pb.ModelStatistics:
             cache_miss=zero,
         ),
         batch_stats=[
-            pb.InferBatchStatistics(batch_size=size, compute_input=zero,
-                                    compute_infer=_duration(timing), compute_output=zero)
+            pb.InferBatchStatistics(batch_size=size,
+                                    compute_input=_duration(Duration(timing.count)),
+                                    compute_infer=_duration(timing),
+                                    compute_output=_duration(Duration(timing.count)))
             for size, timing in sorted(dict(stats.batches).items())
         ],
     )

@@ -33,8 +33,9 @@ def _model(entry: ModelStatisticsEntry) -> dict[str, Any]:
         },
         "response_stats": {},
         "batch_stats": [
-            {"batch_size": size, "compute_input": _duration(zero),
-             "compute_infer": _duration(timing), "compute_output": _duration(zero)}
+            {"batch_size": size, "compute_input": _duration(Duration(timing.count)),
+             "compute_infer": _duration(timing),
+             "compute_output": _duration(Duration(timing.count))}
             for size, timing in sorted(dict(stats.batches).items())
         ],
         "memory_usage": [],
