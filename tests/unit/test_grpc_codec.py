@@ -13,6 +13,7 @@ from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import IndexEntry, ModelMetadata, ModelState, TensorMetadata
 from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
 from tritium.core.response import InferenceResponse
+from tritium.core.serialization import split_length_prefixed
 from tritium.core.types import DataType, Tensor
 from tritium.frontends.grpc import codec
 from tritium.frontends.grpc.status import grpc_status
@@ -252,7 +253,7 @@ def test_bytes_output_is_length_prefixed() -> None:
     response = InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.BYTES, (3,), data)])
     raw = codec.encode_infer_response(response, admitted()).raw_output_contents[0]
     assert raw == b"\x02\0\0\0ab\x01\0\0\0c\0\0\0\0"
-    assert codec.split_length_prefixed(raw, 3, "x") == [b"ab", b"c", b""]
+    assert split_length_prefixed(raw, 3, "x") == [b"ab", b"c", b""]
 
 
 def test_only_requested_outputs_are_sent() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Iterable, Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,14 +12,10 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.model import IndexEntry, ModelMetadata, TensorMetadata
-from tritium.core.request import (
-    SEQUENCE_END,
-    SEQUENCE_START,
-    InferenceRequest,
-    ParamValue,
-    RequestedOutput,
-)
+from tritium.core.parameters import ValueNames, apply_known_parameter, parse_bool, refuse_reserved
+from tritium.core.request import InferenceRequest, ParamValue, RequestedOutput
 from tritium.core.response import InferenceResponse
+from tritium.core.serialization import array_from_binary, bytes_array, tensor_bytes
 from tritium.core.service import ModelStatisticsEntry
 from tritium.core.statistics import Duration, ModelStatistics
 from tritium.core.types import DataType, Tensor
@@ -114,27 +110,16 @@ def _shape(dims: Iterable[int], tensor: str) -> tuple[int, ...]:
     return shape
 
 
-def _element_count(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
-
-
 def tensor_from_raw(name: str, datatype: DataType, shape: tuple[int, ...], raw: bytes) -> Tensor:
     """A tensor viewing ``raw`` (row-major little-endian, or length-prefixed BYTES)."""
-    count = _element_count(shape)
-    if datatype is DataType.BYTES:
-        data = bytes_array(split_length_prefixed(raw, count, name))
-    else:
-        expected = count * datatype.itemsize
-        if len(raw) != expected:
-            raise invalid(
-                f"input byte size mismatch for input '{name}': expected {expected} bytes "
-                f"for shape {list(shape)}, got {len(raw)}"
-            )
-        # Zero-copy: the array is a read-only view of the message's bytes.
-        data = np.frombuffer(raw, dtype=datatype.numpy)
+    count = math.prod(shape)
+    expected = count * datatype.itemsize
+    if datatype is not DataType.BYTES and len(raw) != expected:
+        raise invalid(
+            f"input byte size mismatch for input '{name}': expected {expected} bytes "
+            f"for shape {list(shape)}, got {len(raw)}"
+        )
+    data = array_from_binary(raw, datatype, count, f"for input '{name}'")
     return Tensor(name, datatype, shape, data.reshape(shape))
 
 
@@ -166,7 +151,7 @@ def tensor_from_contents(
             "the typed contents have no field for it"
         )
     values = getattr(contents, field)
-    count = _element_count(shape)
+    count = math.prod(shape)
     if len(values) != count:
         raise invalid(
             f"expected {count} elements in {field} for input '{name}' of shape "
@@ -197,40 +182,6 @@ _WIDE = {
     DataType.UINT16: np.dtype(np.uint32),
 }
 
-_LENGTH = struct.Struct("<I")
-
-
-def split_length_prefixed(data: bytes, count: int, name: str) -> list[bytes]:
-    """Split Triton's BYTES serialization (4-byte LE length, then the bytes) into elements."""
-    elements: list[bytes] = []
-    offset, end = 0, len(data)
-    unpack = _LENGTH.unpack_from
-    while offset < end:
-        if end - offset < 4:
-            raise invalid(
-                f"incomplete string length for input '{name}': expected 4 bytes, "
-                f"{end - offset} left"
-            )
-        (size,) = unpack(data, offset)
-        offset += 4
-        if offset + size > end:
-            raise invalid(
-                f"incomplete string data for input '{name}': expected {size} bytes, "
-                f"{end - offset} left"
-            )
-        elements.append(data[offset : offset + size])
-        offset += size
-    if len(elements) != count:
-        raise invalid(f"expected {count} string elements for input '{name}', got {len(elements)}")
-    return elements
-
-
-def bytes_array(elements: Sequence[bytes]) -> np.ndarray:
-    """A 1-D object array of ``elements`` (numpy would otherwise make an 'S' array)."""
-    array = np.empty(len(elements), dtype=object)
-    array[:] = elements
-    return array
-
 
 def _refuse_shared_memory(params: Any, tensor: str) -> None:
     if "shared_memory_region" in params:
@@ -258,82 +209,38 @@ def _decode_output(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> Req
 
 def parameter_value(key: str, value: pb.InferParameter) -> ParamValue:
     """The Python value of one InferParameter; an unset one is refused."""
-    kind = value.WhichOneof("parameter_choice")
-    if kind is None:
+    result = _oneof_value(value)
+    if result is None:
         raise invalid(f"parameter '{key}' has no value")
-    result: ParamValue = getattr(value, kind)
     return result
 
 
-def _unsigned(key: str, value: pb.InferParameter) -> int:
-    kind = value.WhichOneof("parameter_choice")
-    if kind not in ("int64_param", "uint64_param") or getattr(value, kind) < 0:
-        raise invalid(f"Unable to parse '{key}': expected a non-negative int64_param")
-    result: int = getattr(value, kind)
-    return result
+def _oneof_value(param: pb.InferParameter) -> ParamValue | None:
+    kind = param.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(param, kind)
 
 
-def _boolean(key: str, value: pb.InferParameter) -> bool:
-    if value.WhichOneof("parameter_choice") != "bool_param":
-        raise invalid(f"Unable to parse '{key}': expected a bool_param")
-    return bool(value.bool_param)
-
-
-def _set_sequence_id(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
-    if value.WhichOneof("parameter_choice") == "string_param":
-        request.correlation_id = value.string_param
-    else:
-        request.correlation_id = _unsigned("sequence_id", value)
-
-
-def _set_sequence_start(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
-    if _boolean("sequence_start", value):
-        request.flags |= SEQUENCE_START
-
-
-def _set_sequence_end(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
-    if _boolean("sequence_end", value):
-        request.flags |= SEQUENCE_END
-
-
-def _set_priority(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
-    request.priority = _unsigned("priority", value)
-
-
-def _set_timeout(request: InferenceRequest, _: GrpcRequestState, value: Any) -> None:
-    request.timeout_us = _unsigned("timeout", value)
-
-
-def _set_empty_final(_: InferenceRequest, state: GrpcRequestState, value: Any) -> None:
-    state.empty_final = _boolean(EMPTY_FINAL_KEY, value)
-
-
-_PARAMETER_SETTERS: dict[str, Callable[[InferenceRequest, GrpcRequestState, Any], None]] = {
-    "sequence_id": _set_sequence_id,
-    "sequence_start": _set_sequence_start,
-    "sequence_end": _set_sequence_end,
-    "priority": _set_priority,
-    "timeout": _set_timeout,
-    EMPTY_FINAL_KEY: _set_empty_final,
-}
+# Messages name the protobuf fields a client should have set.
+_PROTO_NAMES = ValueNames(unsigned="a non-negative int64_param", boolean="a bool_param")
 
 
 def _apply_parameters(request: InferenceRequest, state: GrpcRequestState, params: Any) -> None:
-    for key, value in params.items():
-        setter = _PARAMETER_SETTERS.get(key)
-        if setter is not None:
-            setter(request, state, value)
-            continue
-        if key.startswith("triton_"):
-            raise invalid(
-                f"parameter key '{key}' is reserved for Triton usage and should not be specified."
-            )
-        if value.WhichOneof("parameter_choice") == "uint64_param":
-            raise invalid(
-                f"parameter '{key}' has an unsupported type: use int64_param, bool_param, "
-                "string_param or double_param"
-            )
-        request.parameters[key] = parameter_value(key, value)
+    for key, param in params.items():
+        value = _oneof_value(param)
+        if key == EMPTY_FINAL_KEY:
+            state.empty_final = parse_bool(key, value, _PROTO_NAMES)
+        elif not apply_known_parameter(request, key, value, _PROTO_NAMES):
+            request.parameters[key] = _model_parameter(key, param)
+
+
+def _model_parameter(key: str, param: pb.InferParameter) -> ParamValue:
+    refuse_reserved(key)
+    if param.WhichOneof("parameter_choice") == "uint64_param":
+        raise invalid(
+            f"parameter '{key}' has an unsupported type: use int64_param, bool_param, "
+            "string_param or double_param"
+        )
+    return parameter_value(key, param)
 
 
 # -------------------------------------------------------------------------- response
@@ -353,14 +260,13 @@ def encode_infer_response(
         if wanted is not None and tensor.name not in wanted:
             continue
         outputs.add(name=tensor.name, datatype=tensor.datatype.wire, shape=tensor.shape)
-        raw.append(tensor_bytes(tensor))
+        raw.append(_raw_output(tensor))
     if response.parameters:
         set_parameters(message.parameters, response.parameters)
     return message
 
 
-def tensor_bytes(tensor: Tensor) -> bytes:
-    """The tensor's raw bytes: little-endian values row-major, or length-prefixed BYTES."""
+def _raw_output(tensor: Tensor) -> bytes:
     data = tensor.data
     if data.size != tensor.element_count:
         raise TritiumError(
@@ -368,35 +274,7 @@ def tensor_bytes(tensor: Tensor) -> bytes:
             f"output '{tensor.name}' has {data.size} elements but its shape "
             f"{list(tensor.shape)} needs {tensor.element_count}",
         )
-    if tensor.datatype is DataType.BYTES:
-        return serialize_bytes(data)
-    wanted = tensor.datatype.numpy
-    if data.dtype != wanted:
-        if tensor.datatype is DataType.BF16 and data.dtype.itemsize == 2:
-            data = np.ascontiguousarray(data).view(np.uint16)  # bfloat16 bit patterns
-        else:
-            data = data.astype(wanted)
-    return data.tobytes()
-
-
-def serialize_bytes(data: np.ndarray) -> bytes:
-    """Triton's BYTES serialization of every element, row-major."""
-    pack = _LENGTH.pack
-    parts: list[bytes] = []
-    for element in data.reshape(-1).tolist():
-        if type(element) is not bytes:
-            element = _element_bytes(element)
-        parts.append(pack(len(element)))
-        parts.append(element)
-    return b"".join(parts)
-
-
-def _element_bytes(element: Any) -> bytes:
-    if isinstance(element, str):
-        return element.encode("utf-8")
-    if isinstance(element, bytes | bytearray | memoryview):
-        return bytes(element)
-    return str(element).encode("utf-8")
+    return bytes(tensor_bytes(tensor))  # protobuf takes bytes, not a view
 
 
 def set_parameters(target: Any, params: dict[str, Any]) -> None:

@@ -4,33 +4,30 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import orjson
 
 from tritium.core.errors import ErrorCode, TritiumError, invalid
-from tritium.core.request import (
-    SEQUENCE_END,
-    SEQUENCE_START,
-    InferenceRequest,
-    ParamValue,
-    RequestedOutput,
+from tritium.core.parameters import (
+    apply_known_parameter,
+    parse_bool,
+    parse_unsigned,
+    refuse_reserved,
 )
+from tritium.core.request import InferenceRequest, ParamValue, RequestedOutput
 from tritium.core.response import InferenceResponse
+from tritium.core.serialization import array_from_binary, bytes_array, tensor_bytes
 from tritium.core.types import DataType, Tensor, TensorSpec
 from tritium.frontends.http.tensor_data import (
     InputLabel,
     Part,
     array_from_json,
-    bytes_array,
     classify,
     flatten_json,
     json_values,
-    split_length_prefixed,
-    tensor_bytes,
 )
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -178,52 +175,6 @@ def _request_id(doc: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ request parameters
 
 
-def _unsigned(key: str, value: Any) -> int:
-    if type(value) is not int or not 0 <= value < 1 << 64:
-        raise invalid(f"Unable to parse '{key}': expected an unsigned integer")
-    return value
-
-
-def _boolean(key: str, value: Any) -> bool:
-    if type(value) is not bool:
-        raise invalid(f"Unable to parse '{key}': expected a boolean")
-    return value
-
-
-def _set_sequence_id(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
-    request.correlation_id = value if type(value) is str else _unsigned("sequence_id", value)
-
-
-def _set_sequence_start(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
-    if _boolean("sequence_start", value):
-        request.flags |= SEQUENCE_START
-
-
-def _set_sequence_end(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
-    if _boolean("sequence_end", value):
-        request.flags |= SEQUENCE_END
-
-
-def _set_priority(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
-    request.priority = _unsigned("priority", value)
-
-
-def _set_timeout(request: InferenceRequest, _: HttpOutputOptions, value: Any) -> None:
-    request.timeout_us = _unsigned("timeout", value)
-
-
-def _set_binary_output(_: InferenceRequest, options: HttpOutputOptions, value: Any) -> None:
-    options.binary_data_output = _boolean("binary_data_output", value)
-
-
-_PARAMETER_SETTERS: dict[str, Callable[[InferenceRequest, HttpOutputOptions, Any], None]] = {
-    "sequence_id": _set_sequence_id,
-    "sequence_start": _set_sequence_start,
-    "sequence_end": _set_sequence_end,
-    "priority": _set_priority,
-    "timeout": _set_timeout,
-    "binary_data_output": _set_binary_output,
-}
 _SCALAR_TYPES = frozenset((str, int, float, bool))
 _RESERVED_PARAMETERS = frozenset(("headers",))
 
@@ -234,19 +185,15 @@ def _apply_parameters(request: InferenceRequest, options: HttpOutputOptions, par
     if type(params) is not dict:
         raise invalid("failed to get request params: 'parameters' must be a JSON object")
     for key, value in params.items():
-        setter = _PARAMETER_SETTERS.get(key)
-        if setter is not None:
-            setter(request, options, value)
-        else:
+        if key == "binary_data_output":
+            options.binary_data_output = parse_bool(key, value)
+        elif not apply_known_parameter(request, key, value):
             request.parameters[key] = checked_parameter(key, value)
 
 
 def checked_parameter(key: str, value: Any) -> ParamValue:
     """A request parameter the model may read; reserved keys and non-scalars are refused."""
-    if key.startswith("triton_") or key in _RESERVED_PARAMETERS:
-        raise invalid(
-            f"parameter key '{key}' is reserved for Triton usage and should not be specified."
-        )
+    refuse_reserved(key, _RESERVED_PARAMETERS)
     return scalar_parameter(key, value)
 
 
@@ -381,17 +328,14 @@ def _shape(value: Any) -> tuple[int, ...]:
 def _tensor_from_binary(
     label: InputLabel, datatype: DataType, shape: tuple[int, ...], count: int, chunk: Body
 ) -> Tensor:
-    if datatype is DataType.BYTES:
-        data = bytes_array(split_length_prefixed(bytes(chunk), count, label))
-    else:
-        expected = count * datatype.itemsize
-        if len(chunk) != expected:
-            raise invalid(
-                f"{label.prefix}input byte size mismatch for input '{label.name}' for model "
-                f"'{label.model}'. Expected {expected}, got {len(chunk)}"
-            )
-        # Zero-copy: the array is a view of the request body.
-        data = np.frombuffer(chunk, dtype=datatype.numpy)
+    expected = count * datatype.itemsize
+    if datatype is not DataType.BYTES and len(chunk) != expected:
+        raise invalid(
+            f"{label.prefix}input byte size mismatch for input '{label.name}' for model "
+            f"'{label.model}'. Expected {expected}, got {len(chunk)}"
+        )
+    # Zero-copy for fixed-size types: the array is a view of the request body.
+    data = array_from_binary(chunk, datatype, count, label.where, label.prefix)
     return Tensor(label.name, datatype, shape, data.reshape(shape))
 
 
@@ -441,9 +385,9 @@ def _decode_output(item: Any) -> RequestedOutput:
             f"output '{name}' asks for shared memory, which is not supported by this server"
         )
     if "binary_data" in params:
-        _boolean("binary_data", params["binary_data"])
+        parse_bool("binary_data", params["binary_data"])
     if "classification" in params:
-        _unsigned("classification", params["classification"])
+        parse_unsigned("classification", params["classification"])
     kept = {key: value for key, value in params.items() if type(value) in _SCALAR_TYPES}
     return RequestedOutput(name, kept)
 

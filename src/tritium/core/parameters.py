@@ -1,0 +1,90 @@
+"""Request parameters the server itself reads: sequence fields, priority, timeout, triton_* keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tritium.core.errors import invalid
+from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
+
+RESERVED_PREFIX = "triton_"
+
+
+@dataclass(frozen=True, slots=True)
+class ValueNames:
+    """How a wire format names the value types an error message says were expected."""
+
+    unsigned: str = "an unsigned integer"
+    boolean: str = "a boolean"
+
+
+PLAIN_NAMES = ValueNames()
+
+
+def parse_unsigned(key: str, value: Any, names: ValueNames = PLAIN_NAMES) -> int:
+    """``value`` if it is an int in [0, 2**64) (a bool is not); INVALID_ARG otherwise."""
+    if type(value) is not int or not 0 <= value < 1 << 64:
+        raise invalid(f"Unable to parse '{key}': expected {names.unsigned}")
+    return value
+
+
+def parse_bool(key: str, value: Any, names: ValueNames = PLAIN_NAMES) -> bool:
+    """``value`` if it is a bool; INVALID_ARG otherwise."""
+    if type(value) is not bool:
+        raise invalid(f"Unable to parse '{key}': expected {names.boolean}")
+    return value
+
+
+def apply_known_parameter(
+    request: InferenceRequest, key: str, value: Any, names: ValueNames = PLAIN_NAMES
+) -> bool:
+    """Set the request field ``key`` stands for from its decoded value; False if none does."""
+    setter = _SETTERS.get(key)
+    if setter is None:
+        return False
+    setter(request, value, names)
+    return True
+
+
+def refuse_reserved(key: str, also: frozenset[str] = frozenset()) -> None:
+    """Refuse a model parameter whose key Triton keeps for itself (``also``: more such keys)."""
+    if key.startswith(RESERVED_PREFIX) or key in also:
+        raise invalid(
+            f"parameter key '{key}' is reserved for Triton usage and should not be specified."
+        )
+
+
+def _sequence_id(request: InferenceRequest, value: Any, names: ValueNames) -> None:
+    if type(value) is str:
+        request.correlation_id = value
+    else:
+        request.correlation_id = parse_unsigned("sequence_id", value, names)
+
+
+def _sequence_start(request: InferenceRequest, value: Any, names: ValueNames) -> None:
+    if parse_bool("sequence_start", value, names):
+        request.flags |= SEQUENCE_START
+
+
+def _sequence_end(request: InferenceRequest, value: Any, names: ValueNames) -> None:
+    if parse_bool("sequence_end", value, names):
+        request.flags |= SEQUENCE_END
+
+
+def _priority(request: InferenceRequest, value: Any, names: ValueNames) -> None:
+    request.priority = parse_unsigned("priority", value, names)
+
+
+def _timeout(request: InferenceRequest, value: Any, names: ValueNames) -> None:
+    request.timeout_us = parse_unsigned("timeout", value, names)
+
+
+_SETTERS: dict[str, Callable[[InferenceRequest, Any, ValueNames], None]] = {
+    "sequence_id": _sequence_id,
+    "sequence_start": _sequence_start,
+    "sequence_end": _sequence_end,
+    "priority": _priority,
+    "timeout": _timeout,
+}

@@ -1,0 +1,102 @@
+"""The core's binary tensor layout and well-known request parameters, without a frontend."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.parameters import ValueNames, apply_known_parameter, refuse_reserved
+from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
+from tritium.core.serialization import (
+    array_from_binary,
+    bytes_array,
+    serialize_bytes,
+    split_length_prefixed,
+    tensor_bytes,
+)
+from tritium.core.types import DataType, Tensor
+
+
+def test_bytes_round_trip() -> None:
+    data = np.array([[b"ab", "é"], [b"", 7]], dtype=object)
+    raw = serialize_bytes(data)
+    assert raw[:6] == struct.pack("<I", 2) + b"ab"
+    assert split_length_prefixed(raw, 4, "for input 'x'") == [b"ab", "é".encode(), b"", b"7"]
+
+
+@pytest.mark.parametrize("raw, match", [
+    (b"\x01\x00", "incomplete string length indicator for input 'x', expecting 4 bytes"),
+    (struct.pack("<I", 5) + b"ab", "incomplete string data for input 'x', expecting 5 bytes"),
+    (struct.pack("<I", 0), "expected 2 string elements for input 'x', got 1"),
+])
+def test_malformed_bytes_name_their_source(raw: bytes, match: str) -> None:
+    with pytest.raises(TritiumError, match=match) as info:
+        split_length_prefixed(raw, 2, "for input 'x'", "[request id: r] ")
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert info.value.message.startswith("[request id: r] ")
+
+
+def test_array_from_binary_views_fixed_size_values() -> None:
+    raw = np.array([1, 2], dtype=np.int16).tobytes()
+    array = array_from_binary(raw, DataType.INT16, 2, "for input 'x'")
+    assert array.tolist() == [1, 2] and not array.flags.owndata
+    strings = array_from_binary(struct.pack("<I", 1) + b"a", DataType.BYTES, 1, "for input 'x'")
+    assert strings.dtype == object and strings.tolist() == [b"a"]
+
+
+def test_bytes_array_keeps_objects() -> None:
+    array = bytes_array([b"a", b"bc"])
+    assert array.dtype == object and array.tolist() == [b"a", b"bc"]
+
+
+def test_tensor_bytes_casts_to_the_declared_type_without_copying_when_it_matches() -> None:
+    exact = np.arange(3, dtype=np.int32)
+    view = tensor_bytes(Tensor("t", DataType.INT32, (3,), exact))
+    assert isinstance(view, memoryview) and bytes(view) == exact.tobytes()
+    cast = tensor_bytes(Tensor("t", DataType.FP32, (2,), np.array([1.5, 2.5])))
+    assert bytes(cast) == np.array([1.5, 2.5], dtype=np.float32).tobytes()
+    strings = tensor_bytes(Tensor("t", DataType.BYTES, (1,), bytes_array([b"hi"])))
+    assert strings == struct.pack("<I", 2) + b"hi"
+
+
+def test_uncastable_output_is_internal() -> None:
+    tensor = Tensor("t", DataType.INT32, (1,), np.array(["x"], dtype=object))
+    with pytest.raises(TritiumError) as info:
+        tensor_bytes(tensor)
+    assert info.value.code is ErrorCode.INTERNAL
+
+
+# ------------------------------------------------------------------ request parameters
+
+
+def test_known_parameters_set_request_fields() -> None:
+    request = InferenceRequest(model_name="m", inputs={})
+    known = {"sequence_id": "s", "sequence_start": True, "sequence_end": True,
+             "priority": 3, "timeout": 100}
+    assert all(apply_known_parameter(request, key, value) for key, value in known.items())
+    assert request.correlation_id == "s"
+    assert request.flags == SEQUENCE_START | SEQUENCE_END
+    assert (request.priority, request.timeout_us) == (3, 100)
+    assert not apply_known_parameter(request, "custom", 1)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("priority", True), ("priority", -1), ("timeout", 1 << 64), ("sequence_start", 1),
+    ("sequence_id", None),
+])
+def test_known_parameters_check_types(key: str, value: Any) -> None:
+    request = InferenceRequest(model_name="m", inputs={})
+    names = ValueNames(unsigned="a uint", boolean="a flag")
+    with pytest.raises(TritiumError, match=f"Unable to parse '{key}': expected a (uint|flag)"):
+        apply_known_parameter(request, key, value, names)
+
+
+def test_reserved_keys() -> None:
+    refuse_reserved("headers")
+    for key, also in [("triton_x", frozenset[str]()), ("headers", frozenset({"headers"}))]:
+        with pytest.raises(TritiumError, match="reserved for Triton usage"):
+            refuse_reserved(key, also)
