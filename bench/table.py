@@ -6,7 +6,7 @@ model ([1,N] FP32) with Triton's own perf_analyzer when it is installed
 Server CPU comes from the server process's own CPU time (/proc), divided by the requests
 it completed during the run (``nv_inference_request_success`` on /metrics).
 
-    python bench/table.py [--driver auto|perf_analyzer|python] [--seconds 5]
+    python bench/table.py [--driver auto|perf_analyzer|python] [--seconds 5] [-- SERVER FLAGS]
 """
 
 from __future__ import annotations
@@ -99,14 +99,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--driver", choices=["auto", "perf_analyzer", "python"], default="auto")
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("server_args", nargs="*",
+                        help="extra `tritium serve` flags, after --, e.g. -- --cpu-cores 0")
     args = parser.parse_args()
     binary = find_perf_analyzer() if args.driver != "python" else None
     if args.driver == "perf_analyzer" and binary is None:
         raise SystemExit("perf_analyzer not found: run bench/install_perf_analyzer.sh")
     driver = "perf_analyzer" if binary else "python"
-    server = TritiumProcess(http_infer.REPOSITORY).start()
+    server = TritiumProcess(http_infer.REPOSITORY, *args.server_args).start()
     try:
-        print(f"driver: {driver}")
+        print(f"driver: {driver}; server flags: {' '.join(args.server_args) or 'none'}")
         print(f"{'protocol':8s} {'shape':>7s} {'conc':>4s} {'infer/s':>9s} {'p50 ms':>8s} "
               f"{'p99 ms':>8s} {'server CPU µs/infer':>20s}")
         for protocol in ("http", "grpc"):

@@ -30,3 +30,4 @@ class ServerConfig:
     http_max_input_size: int = 64 * 1024 * 1024
     http_header_timeout_secs: float = 30.0
     http_keepalive_timeout_secs: float = 75.0
+    cpu_cores: frozenset[int] | None = None

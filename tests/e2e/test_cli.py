@@ -26,6 +26,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         (["serve", "--model-control-mode", "sometimes"], "invalid choice"),
         (["serve", "--model-repository", "/definitely/not/here"], "is not a readable directory"),
         (["serve", "--http-max-input-size", "0"], "positive"),
+        (["serve", "--cpu-cores", "zero"], "expected core numbers"),
+        (["serve", "--cpu-cores", "4096"], "cannot run on cores"),
     ],
 )
 def test_bad_invocations_exit_non_zero_with_one_line(args: list[str], fragment: str) -> None:
@@ -52,6 +54,23 @@ def test_startup_reports_models_and_endpoints(tmp_path: Path) -> None:
         assert "initialize refuses to start" in log
         for endpoint in ("HTTP", "gRPC", "metrics"):
             assert server.ports[endpoint] > 0, log
+        reply = requests.get(f"http://{server.http_url}/v2/health/live", timeout=10)
+        assert reply.status_code == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_cpu_cores_pins_the_server(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    add_model(repo, "identity_fp32", "identity",
+              'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] }]\n'
+              'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1] }]\n')
+    server = TritiumProcess(repo, "--cpu-cores", "0").start()
+    try:
+        status = Path(f"/proc/{server.pid}/status").read_text()
+        assert "Cpus_allowed_list:\t0\n" in status
+        for task in Path(f"/proc/{server.pid}/task").iterdir():  # every thread, too
+            assert "Cpus_allowed_list:\t0\n" in (task / "status").read_text()
         reply = requests.get(f"http://{server.http_url}/v2/health/live", timeout=10)
         assert reply.status_code == 200
     finally:
