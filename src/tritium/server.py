@@ -44,10 +44,15 @@ async def serve(config: ServerConfig) -> int:
 
     await manager.load_startup_models(list(config.load_models))
     _log_models(manager)
+    try:
+        http = await _start_http(config, service) if config.allow_http else None
+        grpc = await _start_grpc(config, service) if config.allow_grpc else None
+        metrics = _start_metrics(config, manager) if config.allow_metrics else None
+    except OSError as exc:  # the port is taken, the address is not ours, ...
+        log.error("cannot listen: %s", exc)
+        await manager.shutdown()
+        return 1
     poller = _start_poller(config, manager)
-    http = await _start_http(config, service) if config.allow_http else None
-    grpc = await _start_grpc(config, service) if config.allow_grpc else None
-    metrics = _start_metrics(config, manager) if config.allow_metrics else None
     log.info("server ready: %d model(s) loaded", len(manager.loaded_models()))
 
     await stop.wait()

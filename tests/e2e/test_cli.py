@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,20 @@ def test_cpu_cores_pins_the_server(tmp_path: Path) -> None:
         assert reply.status_code == 200
     finally:
         assert server.stop() == 0
+
+
+def test_a_taken_port_is_a_one_line_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = run_cli("serve", "--model-repository", str(tmp_path), "--http-address",
+                         "127.0.0.1", "--http-port", port, "--grpc-port", "0",
+                         "--metrics-port", "0")
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "address already in use" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_default_repository_is_the_bundled_example() -> None:
