@@ -74,6 +74,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
     )
     service = InferenceService(manager, loop)
+    service.update_log_settings({"log_verbose_level": max(config.log_verbose, 0)})
     return service, manager
 
 
@@ -109,7 +110,11 @@ def _start_poller(config: ServerConfig, manager: ModelManager) -> RepositoryPoll
 
 
 def _start_metrics(config: ServerConfig, manager: ModelManager) -> MetricsServer:
-    server = MetricsServer(manager.loaded_models, config.metrics_address, config.metrics_port)
+    from tritium.backends.python.metric import MetricFamily
+
+    # Families that models create with pb_utils.MetricFamily appear next to Triton's.
+    server = MetricsServer(manager.loaded_models, config.metrics_address, config.metrics_port,
+                           custom=MetricFamily.snapshots)
     server.start()
     log.info("metrics endpoint listening on %s:%d", config.metrics_address, server.port)
     return server

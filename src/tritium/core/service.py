@@ -9,6 +9,7 @@ from typing import Any
 
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.logging_settings import LogSettings, LogValue, TraceSettings, TraceValue
 from tritium.core.model import (
     IndexEntry,
     ModelHandle,
@@ -37,6 +38,7 @@ EXTENSIONS = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "logging",
 )
 
 
@@ -62,6 +64,8 @@ class InferenceService:
         # Insertion-ordered set of admitted, unfinished requests.
         self._in_flight: dict[InferenceRequest, None] = {}
         self._idle: asyncio.Event | None = None  # exists while someone waits for idle
+        self._log_settings = LogSettings()
+        self._trace_settings = TraceSettings()
 
     # -- health and metadata ---------------------------------------------------
     def is_live(self) -> bool:
@@ -130,6 +134,27 @@ class InferenceService:
 
     async def unload_model(self, name: str, parameters: Mapping[str, Any]) -> None:
         await self.repository.unload(name, parameters)
+
+    # -- logging and trace settings ----------------------------------------------
+    def log_settings(self) -> dict[str, LogValue]:
+        return self._log_settings.current()
+
+    def update_log_settings(self, changes: Mapping[str, Any]) -> dict[str, LogValue]:
+        """Validate and apply ``changes`` to the server's logging; returns the settings."""
+        return self._log_settings.update(changes)
+
+    def trace_settings(self, model_name: str | None = None) -> dict[str, TraceValue]:
+        self._check_trace_model(model_name)
+        return self._trace_settings.current()
+
+    def update_trace_settings(self, changes: Mapping[str, Any], model_name: str | None = None
+                              ) -> dict[str, TraceValue]:
+        self._check_trace_model(model_name)
+        return self._trace_settings.update(changes)
+
+    def _check_trace_model(self, model_name: str | None) -> None:
+        if model_name and not self.model_ready(model_name):
+            raise TritiumError(ErrorCode.INVALID_ARG, f"request for unknown model '{model_name}'")
 
     # -- inference -------------------------------------------------------------
     def new_cancellation(self) -> Cancellation:

@@ -1,8 +1,10 @@
-"""Prometheus families with Triton's names, read from each model's statistics."""
+"""Prometheus families with Triton's names, read from each model's statistics, and the
+families models register themselves (pb_utils.MetricFamily), read from their snapshots."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client.core import (
@@ -11,8 +13,11 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from tritium.core.statistics import STOP_BUCKETS_MS, ModelStatistics
+
+log = logging.getLogger("tritium.metrics")
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 STAGES = ("queued", "executing")
@@ -46,6 +51,15 @@ COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
      lambda s: s.compute_output.ns // 1000),
 )
 
+FAILURES = "nv_inference_request_failure"
+PENDING = "nv_inference_pending_request_count"
+LOAD_TIME = "nv_model_load_duration_secs"
+CANCELLATIONS = "tritium_inference_cancellation"
+STOP_DELAY = "tritium_cancellation_stop_delay_ms"
+BUILTIN_NAMES = frozenset(
+    [name for name, _, _ in COUNTERS] + [FAILURES, PENDING, LOAD_TIME, CANCELLATIONS, STOP_DELAY]
+)
+
 
 def _counter(name: str, text: str) -> Metric:
     # Triton's counters have no "_total" suffix, which prometheus-client's
@@ -54,7 +68,8 @@ def _counter(name: str, text: str) -> Metric:
 
 
 def _sorted(labels: dict[str, str]) -> dict[str, str]:
-    # Exposition keeps insertion order; Triton prints labels sorted by name.
+    # Triton prints labels sorted by name; sorted here so the order does not depend on
+    # the prometheus-client version (older ones print them in insertion order).
     return dict(sorted(labels.items()))
 
 
@@ -68,9 +83,79 @@ class ModelView(Protocol):
     def statistics(self) -> ModelStatistics: ...
 
 
+class SeriesView(Protocol):
+    """One series of a model's own family. Histograms: ``value`` is the sum of
+    observations, ``buckets`` the cumulative (upper bound, count) pairs ending with +Inf."""
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def buckets(self) -> Sequence[tuple[float, int]]: ...
+
+
+class FamilyView(Protocol):
+    """A family a model registered; ``kind`` is "counter", "gauge" or "histogram"."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def series(self) -> Sequence[SeriesView]: ...
+
+
+class CustomCollector(Collector):
+    """Models' own families, printed the way Triton prints its own."""
+
+    def __init__(self, families: Callable[[], Iterable[FamilyView]]):
+        self._families = families
+        self._warned: set[str] = set()
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._families():
+            if family.name in BUILTIN_NAMES:
+                # Two families of one name would make the whole scrape invalid.
+                self._warn_once(family.name)
+                continue
+            yield _custom_family(family)
+
+    def _warn_once(self, name: str) -> None:
+        if name not in self._warned:
+            self._warned.add(name)
+            log.warning("metric family %r of a model is not exposed: the server uses that name",
+                        name)
+
+
+def _custom_family(family: FamilyView) -> Metric:
+    name = family.name
+    # A counter built by hand like Triton's, so its samples carry no "_total" either.
+    metric = Metric(name, family.description, family.kind)
+    for series in family.series:
+        labels = _sorted(dict(series.labels))
+        if family.kind != "histogram":
+            metric.add_sample(name, labels, series.value)
+            continue
+        for bound, count in series.buckets:
+            le = floatToGoString(bound)
+            metric.add_sample(f"{name}_bucket", _sorted({**labels, "le": le}), count)
+        metric.add_sample(f"{name}_count", labels, series.count)
+        metric.add_sample(f"{name}_sum", labels, series.value)
+    return metric
+
+
 class TritonCollector(Collector):
-    def __init__(self, models: Callable[[], Iterable[ModelView]]):
+    """Triton's families for every loaded model version, then the models' own (``custom``)."""
+
+    def __init__(self, models: Callable[[], Iterable[ModelView]],
+                 custom: Callable[[], Iterable[FamilyView]] | None = None):
         self._models = models
+        self._custom = CustomCollector(custom) if custom is not None else None
 
     def collect(self) -> Iterator[Metric]:
         models = [(m, m.statistics(), {"model": m.name, "version": str(m.version)})
@@ -85,9 +170,11 @@ class TritonCollector(Collector):
         yield self._load_time(models)
         yield self._cancellations(models)
         yield from self._stop_delay(models)
+        if self._custom is not None:
+            yield from self._custom.collect()
 
     def _failures(self, models: list[Any]) -> Metric:
-        name = "nv_inference_request_failure"
+        name = FAILURES
         family = _counter(name, "Number of failed inference requests, all batch sizes")
         for _, stats, labels in models:
             failures = dict(stats.failures)
@@ -97,7 +184,7 @@ class TritonCollector(Collector):
         return family
 
     def _pending(self, models: list[Any]) -> Metric:
-        family = GaugeMetricFamily("nv_inference_pending_request_count",
+        family = GaugeMetricFamily(PENDING,
                                    "Instantaneous number of pending requests awaiting execution "
                                    "per-model.", labels=("model", "version"))
         for _, stats, labels in models:
@@ -105,14 +192,14 @@ class TritonCollector(Collector):
         return family
 
     def _load_time(self, models: list[Any]) -> Metric:
-        family = GaugeMetricFamily("nv_model_load_duration_secs",
+        family = GaugeMetricFamily(LOAD_TIME,
                                    "Model load time in seconds", labels=("model", "version"))
         for model, _, labels in models:
             family.add_metric((labels["model"], labels["version"]), model.load_seconds)
         return family
 
     def _cancellations(self, models: list[Any]) -> Metric:
-        name = "tritium_inference_cancellation"
+        name = CANCELLATIONS
         family = _counter(
             name, "Requests cancelled, by reason and by where the request was (queued or executing)"
         )
@@ -126,7 +213,7 @@ class TritonCollector(Collector):
 
     def _stop_delay(self, models: list[Any]) -> Iterator[Metric]:
         family = HistogramMetricFamily(
-            "tritium_cancellation_stop_delay_ms",
+            STOP_DELAY,
             "Delay from a cancellation to the model's work stopping (execute() returned, or "
             "FINAL sent by a decoupled model), in milliseconds",
             labels=("model", "version"),

@@ -36,9 +36,10 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class MetricsServer:
-    def __init__(self, models: Callable[[], Iterable[Any]], address: str, port: int):
+    def __init__(self, models: Callable[[], Iterable[Any]], address: str, port: int,
+                 custom: Callable[[], Iterable[Any]] | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(TritonCollector(models))
+        self.registry.register(TritonCollector(models, custom))
         self._httpd = make_server(address, port, self._app, _Server, handler_class=_QuietHandler)
         self.port: int = self._httpd.server_port
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +11,12 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from tritium.core.errors import ErrorCode, TritiumError, invalid
+from tritium.core.logging_settings import (
+    LIST_TRACE_SETTINGS,
+    LOG_SETTING_TYPES,
+    LogValue,
+    TraceValue,
+)
 from tritium.core.model import IndexEntry, ModelMetadata, TensorMetadata
 from tritium.core.parameters import ValueNames, apply_known_parameter, parse_bool, refuse_reserved
 from tritium.core.request import InferenceRequest, ParamValue, RequestedOutput
@@ -381,44 +387,51 @@ def decode_repository_parameters(params: Any) -> dict[str, bool | int | str | by
 
 # ------------------------------------------------------------------ log, trace settings
 
-LOG_SETTING_TYPES: dict[str, str] = {
-    "log_file": "string_param",
-    "log_info": "bool_param",
-    "log_warning": "bool_param",
-    "log_error": "bool_param",
-    "log_verbose_level": "uint32_param",
-    "log_format": "string_param",
-}
+# The settings' value types are the core's; this is only where each sits in the oneof.
+_LOG_PARAM: dict[type, str] = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 
-def decode_log_settings(message: pb.LogSettingsRequest) -> dict[str, bool | int | str]:
-    """The settings a LogSettings call asks to change, type-checked."""
-    updates: dict[str, bool | int | str] = {}
+def decode_log_settings(message: pb.LogSettingsRequest) -> dict[str, LogValue | None]:
+    """The settings a LogSettings call asks to change (a key without a value is None); the
+    core checks names and values, this only that each value sits in its setting's field."""
+    updates: dict[str, LogValue | None] = {}
     for key, value in message.settings.items():
+        kind = value.WhichOneof("parameter_choice")
         expected = LOG_SETTING_TYPES.get(key)
-        if expected is None:
-            raise invalid(f"unknown log setting '{key}'")
-        if value.WhichOneof("parameter_choice") != expected:
-            raise invalid(f"log setting '{key}' expects {expected}")
-        updates[key] = getattr(value, expected)
+        if kind is not None and expected is not None and kind != _LOG_PARAM[expected]:
+            raise invalid(f"log setting '{key}' expects {_LOG_PARAM[expected]}, got {kind}")
+        updates[key] = None if kind is None else getattr(value, kind)
     return updates
 
 
-def encode_log_settings(settings: dict[str, bool | int | str]) -> pb.LogSettingsResponse:
+def encode_log_settings(settings: Mapping[str, LogValue]) -> pb.LogSettingsResponse:
     message = pb.LogSettingsResponse()
     for key, value in settings.items():
-        setattr(message.settings[key], LOG_SETTING_TYPES[key], value)
+        setattr(message.settings[key], _LOG_PARAM[type(value)], value)
     return message
 
 
-def decode_trace_settings(message: pb.TraceSettingRequest) -> dict[str, list[str]]:
-    return {key: list(value.value) for key, value in message.settings.items()}
+def decode_trace_settings(message: pb.TraceSettingRequest) -> dict[str, TraceValue | None]:
+    """gRPC lists every value; the core holds one string per setting but the level list.
+    An empty list resets the setting (None)."""
+    updates: dict[str, TraceValue | None] = {}
+    for key, value in message.settings.items():
+        values = list(value.value)
+        if not values:
+            updates[key] = None
+        elif key in LIST_TRACE_SETTINGS:
+            updates[key] = values
+        elif len(values) == 1:
+            updates[key] = values[0]
+        else:
+            raise invalid(f"trace setting '{key}' takes one value, got {len(values)}")
+    return updates
 
 
-def encode_trace_settings(settings: dict[str, list[str]]) -> pb.TraceSettingResponse:
+def encode_trace_settings(settings: Mapping[str, TraceValue]) -> pb.TraceSettingResponse:
     message = pb.TraceSettingResponse()
-    for key, values in settings.items():
-        message.settings[key].value.extend(values)
+    for key, value in settings.items():
+        message.settings[key].value.extend(value if isinstance(value, list) else [value])
     return message
 
 

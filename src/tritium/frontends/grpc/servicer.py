@@ -33,23 +33,6 @@ _SHARED_MEMORY = TritiumError(
     ErrorCode.UNSUPPORTED, "shared memory is not supported by this server; send tensor data "
     "in the request instead"
 )
-_TRACING = TritiumError(ErrorCode.UNSUPPORTED, "tracing is not supported by this server")
-DEFAULT_LOG_SETTINGS: dict[str, bool | int | str] = {
-    "log_file": "",
-    "log_info": True,
-    "log_warning": True,
-    "log_error": True,
-    "log_verbose_level": 0,
-    "log_format": "default",
-}
-TRACE_SETTINGS: dict[str, list[str]] = {
-    "trace_level": ["OFF"],
-    "trace_rate": ["1000"],
-    "trace_count": ["-1"],
-    "log_frequency": ["0"],
-    "trace_file": [""],
-    "trace_mode": ["triton"],
-}
 
 
 async def abort(context: Context, error: TritiumError) -> NoReturn:
@@ -91,7 +74,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, service: InferenceService):
         self.service = service
         self.stopping = False  # set by GrpcServer.stop: cancelled RPCs are then SHUTDOWN
-        self.log_settings = dict(DEFAULT_LOG_SETTINGS)
 
     # -- health and metadata ---------------------------------------------------
     async def ServerLive(self, request: Any, context: Context) -> pb.ServerLiveResponse:
@@ -145,16 +127,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- settings --------------------------------------------------------------
     @core_errors
     async def LogSettings(self, request: Any, context: Context) -> pb.LogSettingsResponse:
-        # Recorded and reported only: the server's logging is configured at startup.
-        self.log_settings.update(codec.decode_log_settings(request))
-        return codec.encode_log_settings(self.log_settings)
+        changes = codec.decode_log_settings(request)  # none: a read
+        settings = self.service.update_log_settings(changes) if changes else \
+            self.service.log_settings()
+        return codec.encode_log_settings(settings)
 
     @core_errors
     async def TraceSetting(self, request: Any, context: Context) -> pb.TraceSettingResponse:
-        for key, values in codec.decode_trace_settings(request).items():
-            if values and values != TRACE_SETTINGS.get(key):
-                raise _TRACING
-        return codec.encode_trace_settings(TRACE_SETTINGS)
+        changes = codec.decode_trace_settings(request)
+        model = request.model_name or None
+        settings = self.service.update_trace_settings(changes, model) if changes else \
+            self.service.trace_settings(model)
+        return codec.encode_trace_settings(settings)
 
     # -- shared memory: not offered (and not listed in the server's extensions) --
     @core_errors

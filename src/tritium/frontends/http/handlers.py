@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from tritium.core.cancellation import CancelReason
-from tritium.core.errors import ErrorCode, TritiumError, invalid
+from tritium.core.errors import TritiumError, invalid
 from tritium.core.model import ModelMetadata
 from tritium.core.request import InferenceRequest
 from tritium.core.service import InferenceService
@@ -116,11 +116,20 @@ class HttpApi:
         await self.service.unload_model(_model(match), body.get("parameters") or {})
         exchange.respond(200, [])
 
+    # -- settings: GET returns them, POST updates them and returns the result -----
     async def log_settings(self, exchange: HttpExchange, match: Match) -> None:
-        raise TritiumError(ErrorCode.UNSUPPORTED, "logging settings are not supported")
+        if exchange.request.method == "POST":
+            changes = _json_object(exchange.request.body, allow_empty=True)
+            respond_json(exchange, 200, self.service.update_log_settings(changes))
+        else:
+            respond_json(exchange, 200, self.service.log_settings())
 
     async def trace_settings(self, exchange: HttpExchange, match: Match) -> None:
-        raise TritiumError(ErrorCode.UNSUPPORTED, "trace settings are not supported")
+        if exchange.request.method == "POST":
+            changes = _json_object(exchange.request.body, allow_empty=True)
+            respond_json(exchange, 200, self.service.update_trace_settings(changes))
+        else:
+            respond_json(exchange, 200, self.service.trace_settings())
 
     # -- inference ---------------------------------------------------------------
     async def infer(self, exchange: HttpExchange, match: Match) -> None:
