@@ -182,3 +182,28 @@ def test_killed_client_process_removes_queued(server: TritiumProcess, stub: Any,
         server.wait_for_line(f"request {rid} for model '{model}' version 1 cancelled while "
                              "queued")
     assert records.events(rid) == []
+
+
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_request_finished_before_leaving_is_not_cancelled(server: TritiumProcess,
+                                                          records: Records, rpc: str) -> None:
+    rid = new_id()
+    channel = grpc.insecure_channel(server.grpc_url)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    if rpc == "unary":
+        reply = stub.ModelInfer(infer_request("slow", rid, 0.01), timeout=30)
+        assert reply.id == rid
+    else:
+        hold = threading.Event()
+        call = stub.ModelStreamInfer(_held([infer_request("slow", rid, 0.01)], hold))
+        first = next(iter(call))
+        assert first.infer_response.id == rid and not first.error_message
+        call.cancel()  # the only request of the stream has already been answered
+        hold.set()
+    channel.close()
+    marker = new_id()
+    with grpc.insecure_channel(server.grpc_url) as after:
+        service_pb2_grpc.GRPCInferenceServiceStub(after).ModelInfer(
+            infer_request("slow", marker, 0), timeout=30)
+    assert records.events(rid) == ["start", "done"]
+    assert f"request {rid} " not in server.log()
