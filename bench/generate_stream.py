@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from driver import cpu_seconds
 from tests.server_process import TritiumProcess
 from tests.zoo import DECOUPLED, add_model
 
@@ -26,11 +26,6 @@ CONFIG = (DECOUPLED
           + '{ name: "DELAY" data_type: TYPE_FP32 dims: [1] optional: true }]\n'
           + 'output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [1] }]\n'
           + "instance_group [{ count: 4 }]\n")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def stream(port: int, events: int) -> int:

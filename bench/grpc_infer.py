@@ -10,9 +10,7 @@ to the server; the server's own CPU time is read from /proc before and after eac
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
@@ -21,10 +19,9 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.server_process import TritiumProcess
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from driver import Run, main
 
-REPOSITORY = Path(__file__).resolve().parent.parent / "src" / "tritium" / "example_repository"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
@@ -33,11 +30,6 @@ def request_bytes(model: str, elements: int) -> bytes:
     message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, elements])
     message.raw_input_contents.append(np.arange(elements, dtype=np.float32).tobytes())
     return message.SerializeToString()
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def client(call: grpc.aio.UnaryUnaryMultiCallable, payload: bytes, stop_at: float,
@@ -60,35 +52,11 @@ async def run(url: str, payload: bytes, concurrency: int, seconds: float) -> lis
     return latencies
 
 
-def measure(server: TritiumProcess, payload: bytes, concurrency: int, seconds: float) -> str:
-    import uvloop
-
-    uvloop.run(run(server.grpc_url, payload, concurrency, 0.5))  # warm up
-    cpu_before = cpu_seconds(server.pid)
-    wall = time.perf_counter()
-    latencies = uvloop.run(run(server.grpc_url, payload, concurrency, seconds))
-    wall = time.perf_counter() - wall
-    cpu = cpu_seconds(server.pid) - cpu_before
-    lat = np.array(latencies) * 1e3
-    return (f"grpc  c={concurrency:<3d} {len(lat) / wall:9.0f} infer/s  "
-            f"p50 {np.percentile(lat, 50):7.3f} ms  p99 {np.percentile(lat, 99):7.3f} ms  "
-            f"server CPU {cpu / len(lat) * 1e6:6.1f} µs/infer")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--elements", type=int, default=16)
-    args = parser.parse_args()
-    server = TritiumProcess(REPOSITORY).start()
-    try:
-        payload = request_bytes("identity", args.elements)
-        for concurrency in args.concurrency:
-            print(measure(server, payload, concurrency, args.seconds), flush=True)
-    finally:
-        server.stop()
+def make_run(elements: int) -> Run:
+    payload = request_bytes("identity", elements)
+    return lambda server, concurrency, seconds: run(server.grpc_url, payload, concurrency,
+                                                    seconds)
 
 
 if __name__ == "__main__":
-    main()
+    main("grpc", __doc__, make_run)

@@ -10,20 +10,18 @@ reads the server's own CPU time from /proc before and after each run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.server_process import TritiumProcess
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from driver import REPOSITORY, Run, cpu_seconds, main
 
-REPOSITORY = Path(__file__).resolve().parent.parent / "src" / "tritium" / "example_repository"
+__all__ = ["REPOSITORY", "cpu_seconds", "request_bytes", "run"]
 
 
 def request_bytes(model: str, elements: int) -> bytes:
@@ -36,11 +34,6 @@ def request_bytes(model: str, elements: int) -> bytes:
     return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: bench\r\n"
             f"Inference-Header-Content-Length: {len(header)}\r\n"
             f"Content-Length: {len(header) + len(data)}\r\n\r\n").encode() + header + data
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def client(port: int, payload: bytes, stop_at: float, latencies: list[float]) -> None:
@@ -63,35 +56,11 @@ async def run(port: int, payload: bytes, concurrency: int, seconds: float) -> li
     return latencies
 
 
-def measure(server: TritiumProcess, payload: bytes, concurrency: int, seconds: float) -> str:
-    import uvloop
-
-    uvloop.run(run(server.http_port, payload, concurrency, 0.5))  # warm up
-    cpu_before = cpu_seconds(server.pid)
-    wall = time.perf_counter()
-    latencies = uvloop.run(run(server.http_port, payload, concurrency, seconds))
-    wall = time.perf_counter() - wall
-    cpu = cpu_seconds(server.pid) - cpu_before
-    lat = np.array(latencies) * 1e3
-    return (f"http  c={concurrency:<3d} {len(lat) / wall:9.0f} infer/s  "
-            f"p50 {np.percentile(lat, 50):7.3f} ms  p99 {np.percentile(lat, 99):7.3f} ms  "
-            f"server CPU {cpu / len(lat) * 1e6:6.1f} µs/infer")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--elements", type=int, default=16)
-    args = parser.parse_args()
-    server = TritiumProcess(REPOSITORY).start()
-    try:
-        payload = request_bytes("identity", args.elements)
-        for concurrency in args.concurrency:
-            print(measure(server, payload, concurrency, args.seconds), flush=True)
-    finally:
-        server.stop()
+def make_run(elements: int) -> Run:
+    payload = request_bytes("identity", elements)
+    return lambda server, concurrency, seconds: run(server.http_port, payload, concurrency,
+                                                    seconds)
 
 
 if __name__ == "__main__":
-    main()
+    main("http", __doc__, make_run)

@@ -26,6 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import grpc_infer  # noqa: E402
 import http_infer  # noqa: E402
+from driver import REPOSITORY, cpu_seconds  # noqa: E402
 from tests.e2e.observe import metric  # noqa: E402
 from tests.server_process import TritiumProcess  # noqa: E402
 
@@ -54,9 +55,9 @@ def successes(server: TritiumProcess) -> float:
 
 
 def with_cpu(server: TritiumProcess, run: callable) -> tuple[object, float]:  # type: ignore[valid-type]
-    cpu, done = http_infer.cpu_seconds(server.pid), successes(server)
+    cpu, done = cpu_seconds(server.pid), successes(server)
     result = run()
-    cpu, done = http_infer.cpu_seconds(server.pid) - cpu, successes(server) - done
+    cpu, done = cpu_seconds(server.pid) - cpu, successes(server) - done
     return result, cpu / max(done, 1) * 1e6
 
 
@@ -106,7 +107,7 @@ def main() -> None:
     if args.driver == "perf_analyzer" and binary is None:
         raise SystemExit("perf_analyzer not found: run bench/install_perf_analyzer.sh")
     driver = "perf_analyzer" if binary else "python"
-    server = TritiumProcess(http_infer.REPOSITORY, *args.server_args).start()
+    server = TritiumProcess(REPOSITORY, *args.server_args).start()
     try:
         print(f"driver: {driver}; server flags: {' '.join(args.server_args) or 'none'}")
         print(f"{'protocol':8s} {'shape':>7s} {'conc':>4s} {'infer/s':>9s} {'p50 ms':>8s} "
