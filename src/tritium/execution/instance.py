@@ -46,6 +46,7 @@ class ModelInstance:
         self._loop = loop
         self._on_done = on_done
         self._inbox: queue.SimpleQueue[list[InferenceRequest] | None] = queue.SimpleQueue()
+        self._outbox: list[list[InferenceRequest]] = []
         self._backend: ModelBackend | None = None
         self._model_loop: asyncio.AbstractEventLoop | None = None
         self._started: asyncio.Future[None] = loop.create_future()
@@ -60,7 +61,17 @@ class ModelInstance:
     def submit(self, batch: list[InferenceRequest]) -> None:
         if self._model_loop is not None:
             self._model_loop.call_soon_threadsafe(self._start_async, batch)
-        else:
+            return
+        # Handed over once the loop has run what is ready, just before it goes idle: woken
+        # earlier, the instance thread would only wait for the GIL the loop still holds (a
+        # wasted context switch, costly when it means waking another core).
+        self._outbox.append(batch)
+        if len(self._outbox) == 1:
+            self._loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        batches, self._outbox = self._outbox, []
+        for batch in batches:
             self._inbox.put(batch)
 
     def stop(self) -> None:
@@ -68,6 +79,7 @@ class ModelInstance:
         if self._model_loop is not None:
             self._model_loop.call_soon_threadsafe(self._model_loop.stop)
         else:
+            self._hand_over()  # what was submitted runs before the instance stops
             self._inbox.put(_STOP)
 
     async def wait_stopped(self) -> None:
