@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -53,6 +54,8 @@ async def serve(config: ServerConfig) -> int:
         await manager.shutdown()
         return 1
     poller = _start_poller(config, manager)
+    # What startup built lives as long as the server: keep the collector from rescanning it.
+    gc.freeze()
     log.info("server ready: %d model(s) loaded", len(manager.loaded_models()))
 
     await stop.wait()
