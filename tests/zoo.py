@@ -102,6 +102,7 @@ def build_repository(repo: Path, record_dir: Path) -> Path:
     for name in ("llm", "token_engine"):
         shutil.copytree(EXAMPLES / name, repo / name)
     add_batching_models(repo, record_dir)
+    add_sequence_models(repo, record_dir)
     return repo
 
 
@@ -138,6 +139,32 @@ def add_batching_models(repo: Path, record_dir: Path) -> None:
     for name, config in BATCHING_MODELS.items():
         add_model(repo, name, "batch_record",
                   config + BATCH_IO + _parameter("record_file", f"{record_dir}/{name}.jsonl"))
+
+
+SEQUENCE_IO = (_tensor("input", "INPUT0", "INT32", "1")
+               + _tensor("input", "DELAY", "FP32", "1", " optional: true")
+               + _tensor("output", "SUM", "INT32", "1") + _tensor("output", "SEEN", "BYTES", "1"))
+SEQUENCE_CONTROLS = (
+    "control_input [\n"
+    '  { name: "START" control [{ kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] }] },\n'
+    '  { name: "END" control [{ kind: CONTROL_SEQUENCE_END bool_false_true: [false, true] }] },\n'
+    '  { name: "READY" control [{ kind: CONTROL_SEQUENCE_READY fp32_false_true: [0, 1] }] },\n'
+    '  { name: "CORRID" control [{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }] }\n'
+    "]\n"
+)
+
+
+def add_sequence_models(repo: Path, record_dir: Path) -> None:
+    """Stateful models (tests/models/accumulator.py); each records into <name>.jsonl."""
+    add_model(repo, "sequence_accumulator", "accumulator",
+              "sequence_batching {\n  direct {}\n  max_sequence_idle_microseconds: 30000000\n"
+              + SEQUENCE_CONTROLS + "}\n"
+              + "instance_group [{ count: 2 kind: KIND_CPU }]\n" + SEQUENCE_IO
+              + _parameter("record_file", f"{record_dir}/sequence_accumulator.jsonl"))
+    # Releases a sequence after 0.3 s without a request; no control inputs.
+    add_model(repo, "sequence_idle", "accumulator",
+              "sequence_batching { max_sequence_idle_microseconds: 300000 }\n" + SEQUENCE_IO
+              + _parameter("record_file", f"{record_dir}/sequence_idle.jsonl"))
 
 
 def lifecycle_config(record_file: Path, generation: int = 1, decoupled: bool = False,

@@ -22,6 +22,7 @@ from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.instance import ModelInstance
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
+from tritium.scheduling.sequences import SequenceScheduler
 
 log = logging.getLogger("tritium.repository")
 
@@ -51,7 +52,7 @@ class LoadedModel:
         inputs, outputs = tensor_specs(config)
         self.inputs: Mapping[str, TensorSpec] = inputs
         self.outputs: Mapping[str, TensorSpec] = outputs
-        self.scheduler = ModelScheduler(self.name, version, _policy(config), self.decoupled)
+        self.scheduler = _scheduler(self.name, version, config, self.decoupled)
         self.instances: list[ModelInstance] = []
         self.load_seconds = 0.0
         # Admitted requests whose final response has not been sent: what a drain waits for.
@@ -159,5 +160,10 @@ class LoadedModel:
         return infos
 
 
-def _policy(config: Any) -> SchedulerPolicy:
-    return SchedulerPolicy.from_config(config)
+def _scheduler(name: str, version: int, config: Any, decoupled: bool) -> ModelScheduler:
+    """The default scheduler (with or without dynamic batching), or for a stateful model
+    (``sequence_batching``) the sequence scheduler."""
+    policy = SchedulerPolicy.from_config(config)
+    if policy.sequence is not None:
+        return SequenceScheduler(name, version, policy, decoupled)
+    return ModelScheduler(name, version, policy, decoupled)

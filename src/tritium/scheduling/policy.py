@@ -1,10 +1,14 @@
-"""What config.pbtxt says about scheduling a model: batching, priorities, queue policies."""
+"""What config.pbtxt says about scheduling a model: batching, priorities, queue policies,
+sequences."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 from typing import Any
+
+from tritium.core.errors import invalid
+from tritium.core.types import DataType
 
 
 class TimeoutAction(enum.Enum):
@@ -56,6 +60,83 @@ class QueuePolicy:
 
 NO_POLICY = QueuePolicy()
 
+SEQUENCE_IDLE_DEFAULT_US = 1_000_000
+
+
+class ControlKind(enum.Enum):
+    """What a sequence control tensor tells the model (Triton's ``Control.Kind`` numbers)."""
+
+    START = 0
+    READY = 1
+    END = 2
+    CORRID = 3
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceControl:
+    """One ``control_input``: a tensor the sequence batcher adds to every request."""
+
+    name: str
+    kind: ControlKind
+    datatype: DataType
+    false_value: float = 0  # START / READY / END: the value when the flag is off
+    true_value: float = 1
+
+
+# The value fields a START / READY / END control may use, with the tensor type each gives.
+_FLAG_FIELDS = (
+    ("int32_false_true", DataType.INT32),
+    ("fp32_false_true", DataType.FP32),
+    ("bool_false_true", DataType.BOOL),
+)
+_CORRID_TYPES = (DataType.UINT64, DataType.INT64, DataType.UINT32, DataType.INT32,
+                 DataType.BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class SequencePolicy:
+    """A model's ``sequence_batching`` settings (the direct strategy)."""
+
+    max_idle_us: int = SEQUENCE_IDLE_DEFAULT_US
+    controls: tuple[SequenceControl, ...] = ()
+
+    @classmethod
+    def from_config(cls, message: Any, model: str) -> SequencePolicy:
+        """From a ``ModelSequenceBatching`` protobuf message of model ``model``."""
+        controls: list[SequenceControl] = []
+        for control_input in message.control_input:
+            name = control_input.name
+            if len(control_input.control) != 1:
+                raise invalid(f"sequence batching control input '{name}' of model '{model}' "
+                              "must specify exactly one control")
+            if any(control.name == name for control in controls):
+                raise invalid(f"sequence batching control input '{name}' of model '{model}' "
+                              "is specified more than once")
+            controls.append(_control(name, control_input.control[0], model))
+        return cls(
+            max_idle_us=message.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_US,
+            controls=tuple(controls),
+        )
+
+
+def _control(name: str, message: Any, model: str) -> SequenceControl:
+    kind = ControlKind(message.kind)
+    where = f"sequence batching control input '{name}' of model '{model}'"
+    if kind is ControlKind.CORRID:
+        datatype = DataType.from_code(message.data_type)
+        if datatype not in _CORRID_TYPES:
+            raise invalid(f"{where}: CONTROL_SEQUENCE_CORRID must have data_type TYPE_UINT64, "
+                          "TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING")
+        return SequenceControl(name, kind, datatype)
+    given = [(list(getattr(message, field)), datatype) for field, datatype in _FLAG_FIELDS
+             if len(getattr(message, field))]
+    if len(given) != 1 or len(given[0][0]) != 2:
+        raise invalid(f"{where}: CONTROL_SEQUENCE_{kind.name} must specify exactly one of "
+                      "int32_false_true, fp32_false_true or bool_false_true, with two values "
+                      "(false, true)")
+    (false_value, true_value), datatype = given[0]
+    return SequenceControl(name, kind, datatype, false_value, true_value)
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerPolicy:
@@ -72,6 +153,8 @@ class SchedulerPolicy:
     default_queue_policy: QueuePolicy = NO_POLICY
     # (level, policy) for the levels whose policy is not the default one
     priority_queue_policies: tuple[tuple[int, QueuePolicy], ...] = ()
+    # Set for a stateful model (``sequence_batching``): the sequence scheduler serves it.
+    sequence: SequencePolicy | None = None
 
     def level_policies(self) -> list[QueuePolicy]:
         """The queue policy of each level, highest priority (Triton's level 1) first."""
@@ -96,6 +179,9 @@ class SchedulerPolicy:
     @classmethod
     def from_config(cls, config: Any) -> SchedulerPolicy:
         """From a completed ``ModelConfig`` protobuf message."""
+        if config.HasField("sequence_batching"):
+            return cls(max_batch_size=config.max_batch_size,
+                       sequence=SequencePolicy.from_config(config.sequence_batching, config.name))
         if not config.HasField("dynamic_batching"):
             return cls(max_batch_size=config.max_batch_size)
         batching = config.dynamic_batching

@@ -98,11 +98,7 @@ class ModelScheduler:
     # -- requests ----------------------------------------------------------------
     def enqueue(self, request: InferenceRequest) -> None:
         if not self.accepting:
-            raise TritiumError(
-                ErrorCode.UNAVAILABLE,
-                f"model '{self.model_name}' version {self.version} is not accepting new "
-                "requests",
-            )
+            raise self._not_accepting()
         if self._bounded:
             self._check_room(request)
         self._queue.push(request)
@@ -146,6 +142,12 @@ class ModelScheduler:
             stats.last_inference_ms = time.time_ns() // 1_000_000
 
     # -- admission and timeouts --------------------------------------------------
+    def _not_accepting(self) -> TritiumError:
+        return TritiumError(
+            ErrorCode.UNAVAILABLE,
+            f"model '{self.model_name}' version {self.version} is not accepting new requests",
+        )
+
     def _check_room(self, request: InferenceRequest) -> None:
         level = self._queue.level_of(request)
         limit = self._level_policies[level].max_queue_size
@@ -189,9 +191,9 @@ class ModelScheduler:
             batch = self._next_batch() if self._batcher is None else self._next_dynamic()
             if not batch:
                 return
-            self._start(batch)
+            self._start(batch, self._idle.pop())
 
-    def _start(self, batch: list[InferenceRequest]) -> None:
+    def _start(self, batch: list[InferenceRequest], instance: Instance) -> None:
         stats = self.stats
         now = self._clock.now_ns()
         for request in batch:
@@ -201,7 +203,7 @@ class ModelScheduler:
         stats.executing += len(batch)
         if self._ordered is not None:
             self._ordered.dispatched(batch)
-        self._idle.pop().submit(batch)
+        instance.submit(batch)
 
     def _next_batch(self) -> list[InferenceRequest]:
         """Default scheduler: the next live request, alone."""

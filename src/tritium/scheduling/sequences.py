@@ -1,0 +1,269 @@
+"""Sequence scheduler (direct strategy): each live sequence keeps to one instance, in order.
+
+A stateful model keeps a sequence's state in the instance that served its first request, so
+every request of a sequence (same correlation id, from START to END) runs on that instance,
+one at a time, in arrival order. An instance (a *slot* here) serves any number of
+sequences, one request per ``execute``; a new sequence goes to the slot with the fewest.
+
+A sequence is released by its END request, by ``max_sequence_idle_microseconds`` without a
+request, or by the cancellation of one of its queued requests, which cancels its other
+queued requests too (the model never sees them). Once released, its correlation id needs a
+START again.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from tritium.core.cancellation import CancelReason
+from tritium.core.errors import ErrorCode, TritiumError, invalid
+from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest, RequestStage
+from tritium.core.response import ResponseStream
+from tritium.core.types import DataType, Tensor
+from tritium.scheduling.clock import Alarm, Clock
+from tritium.scheduling.policy import ControlKind, SchedulerPolicy, SequenceControl
+from tritium.scheduling.scheduler import Instance, ModelScheduler, _finished
+
+log = logging.getLogger("tritium.scheduler")
+
+CorrelationId = int | str
+
+
+class _Slot:
+    """One instance and the sequences bound to it."""
+
+    __slots__ = ("instance", "queue", "running", "sequences")
+
+    def __init__(self, instance: Instance):
+        self.instance = instance
+        # Queued requests of its sequences in arrival order; a request that left the
+        # queue otherwise (cancelled) stays here until passed over.
+        self.queue: collections.deque[InferenceRequest] = collections.deque()
+        self.running: _Sequence | None = None  # whose request the instance executes
+        self.sequences = 0  # active (not released) sequences bound here
+
+
+class _Sequence:
+    __slots__ = ("correlation_id", "outstanding", "released", "slot", "waiting")
+
+    def __init__(self, correlation_id: CorrelationId, slot: _Slot):
+        self.correlation_id = correlation_id
+        self.slot = slot
+        self.waiting: dict[InferenceRequest, None] = {}  # queued, in arrival order
+        self.outstanding = 0  # queued or executing
+        self.released = False
+
+
+class SequenceScheduler(ModelScheduler):
+    """``ModelScheduler``'s interface for a model with ``sequence_batching``."""
+
+    def __init__(self, model_name: str, version: int, policy: SchedulerPolicy,
+                 decoupled: bool = False, clock: Clock | None = None):
+        super().__init__(model_name, version, policy, decoupled, clock)
+        assert policy.sequence is not None
+        self._controls = policy.sequence.controls
+        self._control_shape = (1, 1) if policy.max_batch_size > 0 else (1,)
+        self._idle_ns = policy.sequence.max_idle_us * 1000
+        self._slots: dict[Instance, _Slot] = {}
+        self._active: dict[CorrelationId, _Sequence] = {}
+        self._queued: dict[InferenceRequest, _Sequence] = {}
+        # Active sequences with nothing queued or executing -> since when; insertion order
+        # is time order because a sequence is removed before it is added again. Ordered:
+        # its first entry is found in O(1) however many were removed before it.
+        self._idle_since: collections.OrderedDict[_Sequence, int] = collections.OrderedDict()
+        self._reaper = Alarm(self._clock, self._reap)
+
+    # -- instances ---------------------------------------------------------------
+    def add_instances(self, instances: Sequence[Instance]) -> None:
+        for instance in instances:
+            self._slots[instance] = _Slot(instance)
+        for instance in instances:
+            self._run_next(self._slots[instance])
+
+    def batch_done(self, instance: Instance, batch: list[InferenceRequest], exec_ns: int,
+                   woken: list[ResponseStream] | None = None) -> None:
+        slot = self._slots[instance]
+        sequence, slot.running = slot.running, None
+        if sequence is not None:
+            sequence.outstanding -= 1
+            if sequence.outstanding == 0 and not sequence.released:
+                self._mark_idle(sequence)
+        # Counts the batch, then puts the instance in ``_idle`` and calls ``_dispatch``.
+        super().batch_done(instance, batch, exec_ns, woken)
+
+    def _dispatch(self) -> None:
+        # ``_idle`` is only the base class's hand-over of instances that became free.
+        idle = self._idle
+        while idle:
+            self._run_next(self._slots[idle.pop()])
+
+    # -- requests ----------------------------------------------------------------
+    def enqueue(self, request: InferenceRequest) -> None:
+        if not self.accepting:
+            raise self._not_accepting()
+        if not request.correlation_id:
+            raise invalid(f"inference request to model '{self.model_name}' must specify a "
+                          "non-zero or non-empty correlation ID")
+        self._add_controls(request)  # before the sequence is bound: it may refuse
+        sequence = self._sequence_for(request)
+        request.stage = RequestStage.QUEUED
+        sequence.waiting[request] = None
+        sequence.outstanding += 1
+        self._queued[request] = sequence
+        self._idle_since.pop(sequence, None)
+        if request.flags & SEQUENCE_END:
+            self._release(sequence)
+        self.stats.pending += 1
+        slot = sequence.slot
+        slot.queue.append(request)
+        if slot.running is None:
+            self._run_next(slot)
+
+    def request_cancelled(self, request: InferenceRequest) -> None:
+        sequence = self._queued.pop(request, None)
+        if sequence is not None:
+            self._unqueue(request, sequence)
+            self._count_cancel(request, "queued")
+            self._cancel_sequence(sequence, request)
+        elif request.stage is RequestStage.EXECUTING and not _finished(request):
+            self._count_cancel(request, "executing")
+
+    # -- sequences ---------------------------------------------------------------
+    def _sequence_for(self, request: InferenceRequest) -> _Sequence:
+        """The sequence ``request`` belongs to, bound to a slot; refuses a request that
+        continues a sequence that is not active."""
+        correlation_id = request.correlation_id
+        sequence = self._active.get(correlation_id)
+        if not request.flags & SEQUENCE_START:
+            if sequence is None:
+                raise invalid(
+                    f"inference request for sequence {correlation_id} to model "
+                    f"'{self.model_name}' must specify the START flag on the first request "
+                    "of the sequence")
+            return sequence
+        if sequence is not None:
+            # As Triton does: the new sequence takes over the old one's slot.
+            log.info("sequence %s for model '%s' version %d started again before its END; "
+                     "the previous sequence is ended", correlation_id, self.model_name,
+                     self.version)
+            self._release(sequence)
+            slot = sequence.slot
+        else:
+            slot = self._least_loaded_slot()
+        sequence = _Sequence(correlation_id, slot)
+        slot.sequences += 1
+        self._active[correlation_id] = sequence
+        return sequence
+
+    def _least_loaded_slot(self) -> _Slot:
+        if not self._slots:
+            raise TritiumError(ErrorCode.UNAVAILABLE,
+                               f"model '{self.model_name}' has no instance to serve sequences")
+        return min(self._slots.values(), key=lambda slot: slot.sequences)
+
+    def _release(self, sequence: _Sequence) -> None:
+        """Unbind ``sequence``: its correlation id needs a START again. Its requests still
+        queued or executing are left as they are."""
+        if sequence.released:
+            return
+        sequence.released = True
+        if self._active.get(sequence.correlation_id) is sequence:
+            del self._active[sequence.correlation_id]
+        sequence.slot.sequences -= 1
+        self._idle_since.pop(sequence, None)
+
+    def _cancel_sequence(self, sequence: _Sequence, cause: InferenceRequest) -> None:
+        """A queued request of ``sequence`` was cancelled: so are its other queued requests,
+        with the same reason, and the sequence is released."""
+        self._release(sequence)
+        reason = cause.cancellation.reason or CancelReason.CLIENT_CANCELLED
+        others = list(sequence.waiting)
+        for other in others:
+            del self._queued[other]
+            self._unqueue(other, sequence)
+            # Unqueued first, so the callback's request_cancelled finds nothing to do.
+            other.cancellation.cancel(reason)
+            self._count_cancel(other, "queued")
+        log.info("sequence %s for model '%s' version %d released: request %s was cancelled "
+                 "while queued (%d more of its requests cancelled)", sequence.correlation_id,
+                 self.model_name, self.version, cause.describe(), len(others))
+
+    def _mark_idle(self, sequence: _Sequence) -> None:
+        now = self._clock.now_ns()
+        self._idle_since[sequence] = now
+        self._reaper.arm(now + self._idle_ns)
+
+    def _reap(self) -> None:
+        """Release the sequences idle for longer than ``max_sequence_idle_microseconds``."""
+        now = self._clock.now_ns()
+        idle = self._idle_since
+        while idle:
+            sequence, since = next(iter(idle.items()))
+            if since + self._idle_ns > now:
+                self._reaper.arm(since + self._idle_ns)
+                return
+            self._release(sequence)
+            log.info("sequence %s for model '%s' version %d released: no request for %d us",
+                     sequence.correlation_id, self.model_name, self.version,
+                     self._idle_ns // 1000)
+
+    # -- dispatch ----------------------------------------------------------------
+    def _run_next(self, slot: _Slot) -> None:
+        """Start the slot's oldest live request if its instance is free."""
+        queue = slot.queue
+        while slot.running is None and queue:
+            request = queue.popleft()
+            sequence = self._queued.get(request)
+            if sequence is None:
+                continue  # cancelled while queued
+            if request.cancellation.reason is not None:
+                # Cancelled on another thread; its callback has not reached us yet.
+                self.request_cancelled(request)
+                continue
+            del self._queued[request]
+            del sequence.waiting[request]
+            slot.running = sequence
+            self._start([request], slot.instance)
+
+    def _unqueue(self, request: InferenceRequest, sequence: _Sequence) -> None:
+        request.stage = RequestStage.DONE
+        del sequence.waiting[request]
+        sequence.outstanding -= 1
+        self.stats.pending -= 1
+
+    # -- control tensors ---------------------------------------------------------
+    def _add_controls(self, request: InferenceRequest) -> None:
+        shape = self._control_shape
+        for control in self._controls:
+            data = _control_value(control, request).reshape(shape)
+            request.inputs[control.name] = Tensor(control.name, control.datatype, shape, data)
+
+
+def _control_value(control: SequenceControl, request: InferenceRequest) -> np.ndarray:
+    kind = control.kind
+    if kind is ControlKind.CORRID:
+        return _correlation_array(control, request.correlation_id)
+    if kind is ControlKind.READY:
+        on = True
+    else:
+        on = bool(request.flags & (SEQUENCE_START if kind is ControlKind.START else SEQUENCE_END))
+    value = control.true_value if on else control.false_value
+    return np.array([value], dtype=control.datatype.numpy)
+
+
+def _correlation_array(control: SequenceControl, correlation_id: CorrelationId) -> np.ndarray:
+    if control.datatype is DataType.BYTES:
+        return np.array([str(correlation_id).encode()], dtype=np.object_)
+    if isinstance(correlation_id, str):
+        raise invalid(f"sequence batching control input '{control.name}' expects a numeric "
+                      f"correlation ID ({control.datatype.config}), got string "
+                      f"'{correlation_id}'")
+    try:
+        return np.array([correlation_id], dtype=control.datatype.numpy)
+    except OverflowError:
+        raise invalid(f"correlation ID {correlation_id} does not fit sequence batching "
+                      f"control input '{control.name}' ({control.datatype.config})") from None
