@@ -352,3 +352,26 @@ def test_tensor_specs_follow_config_order(tmp_path: Path) -> None:
     assert inputs["INPUT0"] == TensorSpec("INPUT0", DataType.FP32, (16,), False, None)
     assert inputs["INPUT1"].optional
     assert outputs["OUTPUT1"] == TensorSpec("OUTPUT1", DataType.BYTES, (4, -1), False, (2, 2, -1))
+
+
+@pytest.mark.parametrize(
+    "sequence",
+    ['state [{ input_name: "IN_STATE" output_name: "OUT_STATE" data_type: TYPE_FP32 '
+     "dims: [1] }]",
+     "iterative_sequence: true"],
+)
+def test_unsupported_sequence_features_are_refused(tmp_path: Path, sequence: str) -> None:
+    from google.protobuf import text_format
+
+    from tritium.repository.validation import validate_model_config
+
+    config = pb.ModelConfig()
+    text_format.Parse(
+        'name: "m" backend: "python" max_batch_size: 1 '
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [1] }] '
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [1] }] '
+        f"sequence_batching {{ {sequence} }}",
+        config,
+    )
+    with pytest.raises(ConfigError, match="not supported by tritium"):
+        validate_model_config(config)

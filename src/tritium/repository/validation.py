@@ -29,9 +29,27 @@ def validate_model_config(config: Any) -> None:
     """Raise ConfigError unless ``config`` (already completed) can be served by tritium."""
     validate_model_identity(config)
     _check_batching(config)
+    _check_sequence_features(config)
     _check_response_cache(config)
     validate_instance_groups(config)
     _check_tensors(config)
+
+
+def _check_sequence_features(config: Any) -> None:
+    # Served wrongly rather than refused, these would corrupt a stateful model's results.
+    if not config.HasField("sequence_batching"):
+        return
+    batching = config.sequence_batching
+    if len(batching.state):
+        raise ConfigError(
+            f"sequence_batching 'state' (implicit state) is not supported by tritium "
+            f"(model '{config.name}')"
+        )
+    if batching.iterative_sequence:
+        raise ConfigError(
+            f"sequence_batching 'iterative_sequence' is not supported by tritium "
+            f"(model '{config.name}')"
+        )
 
 
 def validate_model_identity(config: Any) -> None:
