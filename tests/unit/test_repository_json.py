@@ -80,10 +80,13 @@ def test_sequence_batching_int64_fields_are_numbers(tmp_path: Path) -> None:
     config = pb.ModelConfig(name="s", backend="python", max_batch_size=2)
     batcher = config.sequence_batching
     batcher.direct.max_queue_delay_microseconds = 50
-    state = batcher.state.add(input_name="i", output_name="o", data_type=pb.TYPE_INT32, dims=[3])
-    state.initial_state.add(name="zero", data_type=pb.TYPE_INT32, dims=[3], zero_data=True)
     model_dir = make_model(tmp_path, "s", None)
-    printed = config_to_json(complete_model_config(model_dir, config, None))
+    completed = complete_model_config(model_dir, config, None)
+    # Implicit state is refused at load; its JSON form is still Triton's.
+    state = completed.sequence_batching.state.add(input_name="i", output_name="o",
+                                                  data_type=pb.TYPE_INT32, dims=[3])
+    state.initial_state.add(name="zero", data_type=pb.TYPE_INT32, dims=[3], zero_data=True)
+    printed = config_to_json(completed)
     sequence = printed["sequence_batching"]
     assert sequence["max_sequence_idle_microseconds"] == 1_000_000
     assert sequence["direct"]["max_queue_delay_microseconds"] == 50
