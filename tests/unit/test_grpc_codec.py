@@ -168,10 +168,57 @@ def test_version_id_and_requested_outputs() -> None:
     expect_error(ErrorCode.INVALID_ARG, infer_message(model_version="v1"), "version")
 
 
-def test_classification_is_unsupported() -> None:
+def classification_request(count: int) -> InferenceRequest:
+    message = infer_message(id="c1")
+    message.outputs.add(name="OUTPUT0").parameters["classification"].int64_param = count
+    return codec.decode_infer_request(message)
+
+
+def test_classification_output_is_bytes_in_raw_contents() -> None:
+    request = classification_request(2)
+    # What the core sets at admission.
+    request.model_version, request.batched = 1, True
+    request.labels = {"OUTPUT0": ["cat", "dog", "emu"]}
+    scores = np.array([[0.1, 0.7, 0.2], [0.5, 0.25, 0.75]], dtype=np.float32)
+    response = InferenceResponse(outputs=[
+        Tensor("OUTPUT0", DataType.FP32, (2, 3), scores),
+        Tensor("OUTPUT1", DataType.FP32, (2, 3), scores)])
+    message = codec.encode_infer_response(response, request)
+    (output,) = message.outputs
+    assert (output.name, output.datatype, list(output.shape)) == ("OUTPUT0", "BYTES", [2, 2])
+    assert not output.HasField("contents")
+    (raw,) = message.raw_output_contents
+    assert split_length_prefixed(raw, 4, "classes") == [
+        b"0.700000:1:dog", b"0.200000:2:emu", b"0.750000:2:emu", b"0.500000:0:cat"]
+
+
+def test_classification_unbatched_without_labels() -> None:
+    request = classification_request(5)
+    request.model_version = 1
+    ints = np.array([3, 9, 1], dtype=np.int32)
+    response = InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.INT32, (3,), ints)])
+    message = codec.encode_infer_response(response, request)
+    assert list(message.outputs[0].shape) == [3]
+    (raw,) = message.raw_output_contents
+    assert split_length_prefixed(raw, 3, "classes") == [b"9:1", b"3:0", b"1:2"]
+
+
+def test_classification_count_must_be_unsigned() -> None:
     message = infer_message()
-    message.outputs.add(name="OUTPUT0").parameters["classification"].int64_param = 2
-    expect_error(ErrorCode.UNSUPPORTED, message, "classification")
+    message.outputs.add(name="OUTPUT0").parameters["classification"].int64_param = -1
+    expect_error(ErrorCode.INVALID_ARG, message, "classification")
+    message = infer_message()
+    message.outputs.add(name="OUTPUT0").parameters["classification"].string_param = "2"
+    expect_error(ErrorCode.INVALID_ARG, message, "int64_param")
+
+
+def test_classification_of_bytes_is_refused() -> None:
+    request = classification_request(1)
+    response = InferenceResponse(outputs=[
+        Tensor("OUTPUT0", DataType.BYTES, (1,), np.array([b"x"], dtype=np.object_))])
+    with pytest.raises(TritiumError, match="class result not available") as info:
+        codec.encode_infer_response(response, request)
+    assert info.value.code is ErrorCode.INVALID_ARG
 
 
 def test_request_parameters() -> None:

@@ -548,8 +548,8 @@ def test_classification_top_n() -> None:
     response = InferenceResponse(outputs=[tensor("P", scores)])
     request = outputs_request({"outputs": [
         {"name": "P", "parameters": {"classification": 2, "binary_data": False}}]})
-    request.batched = True
-    _, parts = encode_infer_response(response, request, "m", 1, labels={"P": ["cat", "dog"]})
+    request.batched, request.labels = True, {"P": ["cat", "dog"]}  # set by the core
+    _, parts = encode_infer_response(response, request, "m", 1)
     (output,) = header_json(parts)["outputs"]
     assert output["datatype"] == "BYTES" and output["shape"] == [2, 2]
     assert output["data"] == ["0.700000:1:dog", "0.200000:2", "0.750000:2", "0.500000:0:cat"]

@@ -62,6 +62,7 @@ class ModelHandle(Protocol):
     outputs: Mapping[str, TensorSpec]
     config: Any  # tritonclient's model_config_pb2.ModelConfig
     config_json: dict[str, Any]  # the same, in Triton's JSON form
+    labels: dict[str, list[str]]  # an output's class labels, from its ``label_filename``
 
     def is_ready(self) -> bool: ...
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,8 @@ class InferenceRequest:
     # Filled in by the core when the request is admitted.
     batch_size: int = 1
     batched: bool = False  # the model batches: the first dimension is the batch
+    # The serving model's class labels per output (``label_filename``), for classification.
+    labels: Mapping[str, Sequence[str]] | None = None
     # Made by a model (BLS), not by a client: still admitted while the server drains.
     internal: bool = False
     stage: RequestStage = RequestStage.CREATED

@@ -33,6 +33,7 @@ class ModelStatisticsEntry:
 SERVER_NAME = "triton"
 SERVER_VERSION = "2.73.0"
 EXTENSIONS = (
+    "classification",
     "model_repository",
     "model_configuration",
     "binary_tensor_data",
@@ -179,6 +180,7 @@ class InferenceService:
             )
         validate_request(request, model)
         request.model_version = model.version
+        request.labels = model.labels
         if request.cancellation.is_cancelled():
             raise request.cancellation.reason.to_error()  # type: ignore[union-attr]
         stream = ResponseStream(self.loop, request.cancellation)

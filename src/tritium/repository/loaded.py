@@ -21,6 +21,7 @@ from tritium.core.types import TensorSpec
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.instance import ModelInstance
 from tritium.repository.config import config_to_json, tensor_specs
+from tritium.repository.validation import ConfigError
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
 from tritium.scheduling.sequences import SequenceScheduler
 
@@ -52,6 +53,7 @@ class LoadedModel:
         inputs, outputs = tensor_specs(config)
         self.inputs: Mapping[str, TensorSpec] = inputs
         self.outputs: Mapping[str, TensorSpec] = outputs
+        self.labels: dict[str, list[str]] = _read_labels(model_dir, config)
         self.scheduler = _scheduler(self.name, version, config, self.decoupled)
         self.instances: list[ModelInstance] = []
         self.load_seconds = 0.0
@@ -158,6 +160,28 @@ class LoadedModel:
                     device_id=device,
                 ))
         return infos
+
+
+def _read_labels(model_dir: Path, config: Any) -> dict[str, list[str]]:
+    """Each output's class labels, one per line of its ``label_filename`` (read once, here:
+    label files are small, and a model whose file is missing must not load)."""
+    labels: dict[str, list[str]] = {}
+    for output in config.output:
+        if not output.label_filename:
+            continue
+        path = model_dir / output.label_filename
+        where = f"label file '{output.label_filename}' of output '{output.name}' for {config.name}"
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{where} is not valid UTF-8") from None
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the newline that ends the last label
+        labels[output.name] = [line.removesuffix("\r") for line in lines]
+    return labels
 
 
 def _scheduler(name: str, version: int, config: Any, decoupled: bool) -> ModelScheduler:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import PurePosixPath
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as pb
@@ -196,8 +197,21 @@ def _check_tensor(config: Any, kind: str, tensor: Any) -> None:
         raise ConfigError(f"{where} {problem}{suffix}")
     if tensor.is_shape_tensor:
         raise ConfigError(f"shape tensors are only supported for TensorRT platform{suffix}")
+    if kind == "output" and tensor.label_filename:
+        _check_label_filename(config, tensor)
     if kind == "input" and tensor.format != pb.ModelInput.FORMAT_NONE and len(tensor.dims) != 3:
         raise ConfigError(f"model input NHWC/NCHW require 3 dims{suffix}")
+
+
+def _check_label_filename(config: Any, tensor: Any) -> None:
+    # A config can come from a client (a load request's override): keep its label file
+    # inside the model directory, so classification cannot read other files out.
+    path = PurePosixPath(tensor.label_filename)
+    if path.is_absolute() or ".." in path.parts or "\\" in tensor.label_filename:
+        raise ConfigError(
+            f"model output '{tensor.name}' has label_filename '{tensor.label_filename}', "
+            f"which must be a relative path inside the model directory for {config.name}"
+        )
 
 
 def _known_type(value: int) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from tritium.core.classification import classify
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.logging_settings import (
     LIST_TRACE_SETTINGS,
@@ -18,7 +19,13 @@ from tritium.core.logging_settings import (
     TraceValue,
 )
 from tritium.core.model import IndexEntry, ModelMetadata, TensorMetadata
-from tritium.core.parameters import ValueNames, apply_known_parameter, parse_bool, refuse_reserved
+from tritium.core.parameters import (
+    ValueNames,
+    apply_known_parameter,
+    parse_bool,
+    parse_unsigned,
+    refuse_reserved,
+)
 from tritium.core.request import InferenceRequest, ParamValue, RequestedOutput
 from tritium.core.response import InferenceResponse
 from tritium.core.serialization import array_from_binary, bytes_array, tensor_bytes
@@ -202,11 +209,8 @@ def _decode_output(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> Req
         return RequestedOutput(item.name)
     _refuse_shared_memory(item.parameters, item.name)
     params = {key: parameter_value(key, value) for key, value in item.parameters.items()}
-    if params.get("classification"):
-        raise TritiumError(
-            ErrorCode.UNSUPPORTED,
-            f"classification of output '{item.name}' is not supported over gRPC yet",
-        )
+    if "classification" in params:
+        parse_unsigned("classification", params["classification"], _PROTO_NAMES)
     return RequestedOutput(item.name, params)
 
 
@@ -255,21 +259,39 @@ def _model_parameter(key: str, param: pb.InferParameter) -> ParamValue:
 def encode_infer_response(
     response: InferenceResponse, request: InferenceRequest
 ) -> pb.ModelInferResponse:
-    """A ModelInferResponse with every output in ``raw_output_contents``."""
+    """A ModelInferResponse with every output in ``raw_output_contents``.
+
+    An output requested with a ``classification`` count is sent as its top classes (BYTES),
+    using what the core set on ``request`` at admission: ``batched`` and ``labels``.
+    """
     message = pb.ModelInferResponse(
         model_name=request.model_name, model_version=str(request.model_version), id=request.id
     )
-    wanted = request.requested_output_names()
+    wanted = _class_counts(request)
     outputs = message.outputs
     raw = message.raw_output_contents
     for tensor in response.outputs:
-        if wanted is not None and tensor.name not in wanted:
-            continue
+        if wanted is not None:
+            if tensor.name not in wanted:
+                continue
+            if wanted[tensor.name]:
+                tensor = classify(tensor, wanted[tensor.name], request.batched, request.labels)
         outputs.add(name=tensor.name, datatype=tensor.datatype.wire, shape=tensor.shape)
         raw.append(_raw_output(tensor))
     if response.parameters:
         set_parameters(message.parameters, response.parameters)
     return message
+
+
+def _class_counts(request: InferenceRequest) -> dict[str, int] | None:
+    """Each requested output's classification count (0: the tensor itself); None: all."""
+    if request.requested_outputs is None:
+        return None
+    counts = {}
+    for output in request.requested_outputs:
+        count = output.parameters.get("classification", 0)
+        counts[output.name] = count if type(count) is int else 0
+    return counts
 
 
 def _raw_output(tensor: Tensor) -> bytes:

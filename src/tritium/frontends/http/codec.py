@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from tritium.core.classification import classify
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.parameters import (
     apply_known_parameter,
@@ -25,7 +25,6 @@ from tritium.frontends.http.tensor_data import (
     InputLabel,
     Part,
     array_from_json,
-    classify,
     flatten_json,
     json_values,
 )
@@ -400,13 +399,11 @@ def encode_infer_response(
     request: InferenceRequest,
     model_name: str,
     model_version: int,
-    *,
-    labels: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[tuple[str, str]], list[Part]]:
     """Response headers and body parts (JSON header first, then binary blobs in order).
 
-    ``request.batched`` tells classification whether the first dimension is the batch;
-    ``labels`` maps an output name to its class labels (from ``label_filename``).
+    Classification reads what the core set on ``request`` at admission: ``batched`` (whether
+    the first dimension is the batch) and ``labels`` (each output's class labels).
     """
     options = request.frontend_state
     if not isinstance(options, HttpOutputOptions):
@@ -425,7 +422,7 @@ def encode_infer_response(
             binary = params.get("binary_data") is True
             classes = params.get("classification", 0)
         if type(classes) is int and classes > 0:
-            tensor = classify(tensor, classes, request.batched, labels)
+            tensor = classify(tensor, classes, request.batched, request.labels)
         entries.append(_output_entry(tensor, binary, blobs))
     header = _dump_header(_response_header(response, request, model_name, model_version, entries))
     if blobs:
