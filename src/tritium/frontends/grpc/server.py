@@ -1,55 +1,56 @@
-"""The grpc.aio server that carries the KServe v2 gRPC service on the server's event loop."""
+"""The gRPC endpoint: a listening socket on the server's event loop and its connections.
+
+The transport is our own HTTP/2 (``connection.py``) rather than grpc.aio: grpc.aio spends
+250 to 430 µs of CPU per unary call on the 2-core machine we measure on, several times the
+inference it carries; framing gRPC on asyncio directly costs a small fraction of that.
+"""
 
 from __future__ import annotations
 
-import grpc
-from grpc_health.v1 import health_pb2_grpc
-from tritonclient.grpc import service_pb2_grpc
+import asyncio
+import contextlib
 
 from tritium.core.service import InferenceService
-from tritium.frontends.grpc.servicer import HealthServicer, InferenceServicer
-
-# Triton accepts messages up to INT32_MAX both ways; -1 lifts gRPC's 4 MiB default.
-SERVER_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-    # A second server on a port already taken must fail, not silently share it.
-    ("grpc.so_reuseport", 0),
-]
+from tritium.frontends.grpc.connection import ConnectionRegistry, GrpcConnection, GrpcLimits
+from tritium.frontends.grpc.http2 import GrpcStatus
+from tritium.frontends.grpc.servicer import HealthServicer, InferenceServicer, router
 
 
 class GrpcServer:
     """A started gRPC endpoint; ``port`` is the bound port (useful when asked for 0)."""
 
-    def __init__(self, server: grpc.aio.Server, servicer: InferenceServicer, port: int):
+    def __init__(self, server: asyncio.Server, registry: ConnectionRegistry,
+                 servicer: InferenceServicer):
         self._server = server
+        self._registry = registry
         self.servicer = servicer
-        self.port = port
+        self.port: int = server.sockets[0].getsockname()[1]
 
     async def stop(self, grace: float) -> None:
-        """Refuse new RPCs, give running ones ``grace`` seconds, then cancel the rest."""
-        self.servicer.stopping = True
-        await self._server.stop(grace)
+        """Refuse new calls, give running ones ``grace`` seconds, then end the rest
+        UNAVAILABLE (their requests are cancelled as SHUTDOWN)."""
+        self._server.close()
+        for conn in list(self._registry.connections):
+            conn.go_away()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._registry.wait_idle(), timeout=grace)
+        for conn in list(self._registry.connections):
+            conn.shut_down(GrpcStatus.UNAVAILABLE, "the server is shutting down")
+        await self._server.wait_closed()
 
 
-async def start_grpc_server(service: InferenceService, address: str, port: int) -> GrpcServer:
+async def start_grpc_server(service: InferenceService, address: str, port: int,
+                            limits: GrpcLimits | None = None) -> GrpcServer:
     """Bind ``address:port`` and start serving on the running event loop."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
     servicer = InferenceServicer(service)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(service), server)
-    target = _target(address, port)
+    routes = router(servicer, HealthServicer(service))
+    registry = ConnectionRegistry()
+    chosen = limits or GrpcLimits()
+    loop = asyncio.get_running_loop()
     try:
-        bound = server.add_insecure_port(target)
-    except RuntimeError as exc:  # grpc reports a failed bind this way
-        raise OSError(f"gRPC endpoint cannot bind {target}: {exc}") from None
-    if bound == 0:
-        raise OSError(f"gRPC endpoint cannot bind {target}")
-    await server.start()
-    return GrpcServer(server, servicer, bound)
-
-
-def _target(address: str, port: int) -> str:
-    if ":" in address and not address.startswith("["):
-        return f"[{address}]:{port}"  # IPv6 literal
-    return f"{address}:{port}"
+        server = await loop.create_server(
+            lambda: GrpcConnection(routes, registry, chosen), address, port, backlog=1024,
+            reuse_address=True)
+    except OSError as exc:
+        raise OSError(f"gRPC endpoint cannot bind {address}:{port}: {exc.strerror}") from None
+    return GrpcServer(server, registry, servicer)

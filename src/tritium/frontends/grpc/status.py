@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import grpc
-
 from tritium.core.errors import ErrorCode
+from tritium.frontends.grpc.http2 import GrpcStatus
 
-STATUS_BY_CODE: dict[ErrorCode, grpc.StatusCode] = {
-    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
-    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
-    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
-    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
-    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+STATUS_BY_CODE: dict[ErrorCode, GrpcStatus] = {
+    ErrorCode.UNKNOWN: GrpcStatus.UNKNOWN,
+    ErrorCode.INTERNAL: GrpcStatus.INTERNAL,
+    ErrorCode.NOT_FOUND: GrpcStatus.NOT_FOUND,
+    ErrorCode.INVALID_ARG: GrpcStatus.INVALID_ARGUMENT,
+    ErrorCode.UNAVAILABLE: GrpcStatus.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: GrpcStatus.UNIMPLEMENTED,
+    ErrorCode.ALREADY_EXISTS: GrpcStatus.ALREADY_EXISTS,
+    ErrorCode.CANCELLED: GrpcStatus.CANCELLED,
+    ErrorCode.DEADLINE_EXCEEDED: GrpcStatus.DEADLINE_EXCEEDED,
 }
 
 
-def grpc_status(code: ErrorCode) -> grpc.StatusCode:
+def grpc_status(code: ErrorCode) -> GrpcStatus:
     """The status an RPC ends with when the core raised ``code``."""
-    return STATUS_BY_CODE.get(code, grpc.StatusCode.UNKNOWN)
+    return STATUS_BY_CODE.get(code, GrpcStatus.UNKNOWN)

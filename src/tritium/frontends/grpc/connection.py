@@ -1,0 +1,814 @@
+"""One gRPC-over-HTTP/2 connection: frames in, calls out, and every way a call can end early.
+
+A call ends early when the client resets its stream (a cancel, or its own deadline), when
+its ``grpc-timeout`` passes, when the connection drops, or at shutdown. The transport then
+records why in ``Call.cancel_reason`` and cancels the call's task; the servicer turns that into
+the request's cancellation. Nothing here knows about inference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import hpack
+from google.protobuf.message import DecodeError
+
+from tritium.core.cancellation import CancelReason
+from tritium.core.errors import TritiumError
+from tritium.frontends.grpc.http2 import (
+    ACCEPTED_ENCODINGS,
+    ACK,
+    DEFAULT_MAX_FRAME,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    MAX_FRAME_LIMIT,
+    MAX_WINDOW,
+    PREFACE,
+    PRIORITY,
+    FrameType,
+    GrpcStatus,
+    H2Error,
+    ProtocolViolation,
+    Setting,
+    decompress,
+    encode_status_message,
+    frame,
+    goaway,
+    parse_settings,
+    parse_timeout,
+    rst_stream,
+    settings_payload,
+    strip_padding,
+    window_update,
+)
+from tritium.frontends.grpc.status import grpc_status
+
+log = logging.getLogger("tritium.grpc")
+
+UnaryHandler = Callable[[Any, "Call"], Awaitable[Any]]
+StreamHandler = Callable[["Call"], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rpc:
+    """A method: how its request messages are parsed, and the coroutine that serves it."""
+
+    request_type: Any  # a generated protobuf message class
+    unary: UnaryHandler | None = None
+    stream: StreamHandler | None = None
+
+
+Router = dict[str, Rpc]  # by ``:path``, e.g. "/inference.GRPCInferenceService/ModelInfer"
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcLimits:
+    # Triton takes messages up to INT32_MAX both ways.
+    max_message_bytes: int = 2**31 - 1
+    max_header_list_bytes: int = 64 * 1024
+    max_concurrent_streams: int = 4096
+    # Large receive windows: a request's bytes are buffered whole anyway, so per-stream flow
+    # control would only add round trips.
+    stream_window: int = 16 * 1024 * 1024
+    connection_window: int = 1 << 30
+    max_frame_bytes: int = 1 << 20
+
+
+# Header blocks the server sends. The encoder never adds to its dynamic table, so a block
+# encoded once is valid on every connection.
+_ENCODER = hpack.Encoder()
+
+
+def _block(*headers: tuple[bytes, bytes]) -> bytes:
+    return _ENCODER.encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers],
+                           huffman=False)
+
+
+_RESPONSE_HEADERS = _block((b":status", b"200"), (b"content-type", b"application/grpc"),
+                           (b"grpc-accept-encoding", ACCEPTED_ENCODINGS))
+_OK_TRAILERS = _block((b"grpc-status", b"0"))
+_MAX_STATUS_MESSAGE = 4096
+
+
+def _trailers(status: int, message: str, headers_sent: bool) -> bytes:
+    fields = [(b"grpc-status", str(int(status)).encode())]
+    if message:
+        fields.append((b"grpc-message", encode_status_message(message[:_MAX_STATUS_MESSAGE])))
+    if not headers_sent:  # trailers-only response
+        fields = [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                  (b"grpc-accept-encoding", ACCEPTED_ENCODINGS), *fields]
+    return _block(*fields)
+
+
+def _prefixed(body: bytes) -> bytes:
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+class Call:
+    """One RPC (one HTTP/2 stream) as its handler sees it."""
+
+    __slots__ = (
+        "_waiter",
+        "cancel_reason",
+        "conn",
+        "deadline",
+        "encoding",
+        "ended",
+        "headers_sent",
+        "inbuf",
+        "messages",
+        "pending",
+        "recv_unacked",
+        "remote_closed",
+        "rpc",
+        "send_window",
+        "stream_id",
+        "task",
+        "timer",
+        "trailers",
+    )
+
+    def __init__(self, conn: GrpcConnection, stream_id: int, rpc: Rpc, encoding: str,
+                 send_window: int):
+        self.conn = conn
+        self.stream_id = stream_id
+        self.rpc = rpc
+        self.encoding = encoding
+        self.cancel_reason: CancelReason | None = None
+        self.ended = False
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.deadline: float | None = None
+        self.remote_closed = False
+        self.headers_sent = False
+        self.send_window = send_window
+        self.pending: deque[bytes] = deque()  # bytes waiting for flow-control credit
+        self.trailers: bytes | None = None  # sent once ``pending`` is empty
+        self.inbuf = bytearray()
+        self.messages: deque[bytes] = deque()
+        self.recv_unacked = 0
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- for handlers --------------------------------------------------------------------
+    def write(self, message: Any) -> None:
+        """Send one response message (dropped if the call has ended)."""
+        if not self.ended:
+            self.conn.send(self, _prefixed(message.SerializeToString()), None)
+
+    async def drain(self) -> None:
+        """Wait while the peer or the socket is not taking this call's bytes."""
+        conn = self.conn
+        while not self.ended and (self.pending or conn.write_paused):
+            await conn.wait_writable()
+
+    async def requests(self) -> AsyncIterator[Any]:
+        """The client's messages, parsed, until it half-closes; raises TritiumError-free
+        ``ValueError`` for a message that cannot be parsed."""
+        parse = self.rpc.request_type.FromString
+        while True:
+            if self.messages:
+                yield _parse(parse, self.messages.popleft())
+            elif self.remote_closed or self.ended:
+                return
+            else:
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
+
+    # -- for the connection --------------------------------------------------------------
+    def wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class BadMessage(Exception):
+    """A request message that does not parse as the method's request type."""
+
+
+def _parse(parse: Callable[[bytes], Any], data: bytes) -> Any:
+    try:
+        return parse(data)
+    except DecodeError as exc:
+        raise BadMessage(f"request message does not parse: {exc}") from None
+
+
+class ConnectionRegistry:
+    """The server's live connections and a wait for them to have no calls."""
+
+    def __init__(self) -> None:
+        self.connections: set[GrpcConnection] = set()
+        self._idle: asyncio.Future[None] | None = None
+
+    def active_calls(self) -> int:
+        return sum(len(conn.calls) for conn in self.connections)
+
+    def call_ended(self) -> None:
+        if self._idle is not None and not self._idle.done() and not self.active_calls():
+            self._idle.set_result(None)
+
+    async def wait_idle(self) -> None:
+        while self.active_calls():
+            if self._idle is None or self._idle.done():
+                self._idle = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._idle)
+
+
+class GrpcConnection(asyncio.Protocol):
+    """Frames are parsed as they arrive; a unary call is dispatched when its request is whole,
+    a streaming call as soon as its headers are in."""
+
+    def __init__(self, router: Router, registry: ConnectionRegistry, limits: GrpcLimits):
+        self._router = router
+        self._registry = registry
+        self._limits = limits
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport
+        self._buf = bytearray()
+        self._preface_seen = False
+        self._decoder = hpack.Decoder(max_header_list_size=limits.max_header_list_bytes)
+        self.calls: dict[int, Call] = {}
+        self._blocked: dict[int, Call] = {}  # calls with bytes waiting for window
+        self._last_stream = 0
+        self._continuing: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
+        self._send_window = DEFAULT_WINDOW  # the connection's, granted by the peer
+        self._peer_initial_window = DEFAULT_WINDOW
+        self._recv_unacked = 0
+        self._out: list[bytes] = []
+        self._closed = False
+        self._going_away = False
+        self.write_paused = False
+        self._writable: asyncio.Future[None] | None = None
+        self._control: dict[int, Callable[[int, int, bytes], None]] = {
+            FrameType.CONTINUATION: self._on_continuation,
+            FrameType.WINDOW_UPDATE: self._on_window_update,
+            FrameType.SETTINGS: self._on_settings,
+            FrameType.PING: self._on_ping,
+            FrameType.RST_STREAM: self._on_rst_stream,
+            FrameType.GOAWAY: self._on_goaway,
+            FrameType.PUSH_PROMISE: self._on_push_promise,
+        }
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._registry.connections.add(self)
+        limits = self._limits
+        settings = settings_payload({
+            Setting.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+            Setting.INITIAL_WINDOW_SIZE: limits.stream_window,
+            Setting.MAX_FRAME_SIZE: limits.max_frame_bytes,
+            Setting.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
+            Setting.ENABLE_PUSH: 0,
+        })
+        self.transport.write(frame(FrameType.SETTINGS, 0, 0, settings) + window_update(
+            0, limits.connection_window - DEFAULT_WINDOW))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        for call in list(self.calls.values()):
+            self._abort(call, CancelReason.CLIENT_DISCONNECTED)
+        self._registry.connections.discard(self)
+        self._registry.call_ended()
+        self._wake_writers()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_writers()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        if not self._preface_seen and not self._take_preface(buf):
+            return
+        try:
+            pos = self._read_frames(buf)
+        except ProtocolViolation as exc:
+            self._fail(exc.code, str(exc))
+            return
+        if self._closed:
+            return
+        del buf[:pos]
+        if self._out:
+            self.transport.write(b"".join(self._out))
+            self._out.clear()
+
+    def _take_preface(self, buf: bytearray) -> bool:
+        """True once the client's connection preface has been read off ``buf``."""
+        if buf[:len(PREFACE)] != PREFACE[:len(buf)]:
+            self._reject_non_http2()
+            return False
+        if len(buf) < len(PREFACE):
+            return False
+        del buf[:len(PREFACE)]
+        self._preface_seen = True
+        return True
+
+    def _read_frames(self, buf: bytearray) -> int:
+        """Handle every whole frame in ``buf``; returns how many bytes they took."""
+        pos, size = 0, len(buf)
+        max_frame = self._limits.max_frame_bytes
+        while size - pos >= 9:
+            length = int.from_bytes(buf[pos:pos + 3], "big")
+            if length > max_frame:
+                raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR,
+                                        f"frame of {length} bytes exceeds {max_frame}")
+            end = pos + 9 + length
+            if end > size:
+                break
+            kind, flags = buf[pos + 3], buf[pos + 4]
+            stream_id = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            payload = bytes(buf[pos + 9:end])
+            pos = end
+            if self._continuing is not None and kind != FrameType.CONTINUATION:
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR,
+                                        "header block interrupted by another frame")
+            if kind == FrameType.DATA:
+                self._on_data(stream_id, flags, payload)
+            elif kind == FrameType.HEADERS:
+                self._on_headers(stream_id, flags, payload)
+            else:
+                handler = self._control.get(kind)
+                if handler is not None:  # PRIORITY and unknown types are ignored (RFC 9113)
+                    handler(stream_id, flags, payload)
+            if self._closed:
+                break
+        return pos
+
+    # -- inbound frames ------------------------------------------------------------------
+    def _on_headers(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "HEADERS on stream 0")
+        payload = strip_padding(payload, flags)
+        if flags & PRIORITY:
+            payload = payload[5:]
+        if not flags & END_HEADERS:
+            self._continuing = (stream_id, flags, bytearray(payload))
+            return
+        self._on_header_block(stream_id, flags, payload)
+
+    def _on_continuation(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if self._continuing is None or self._continuing[0] != stream_id:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        _, first_flags, block = self._continuing
+        block += payload
+        if len(block) > self._limits.max_header_list_bytes:
+            raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "header block too large")
+        if flags & END_HEADERS:
+            self._continuing = None
+            self._on_header_block(stream_id, first_flags, bytes(block))
+
+    def _on_header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        try:
+            fields = self._decoder.decode(block, raw=True)
+        except hpack.HPACKError as exc:
+            raise ProtocolViolation(H2Error.COMPRESSION_ERROR, f"bad header block: {exc}") from None
+        call = self.calls.get(stream_id)
+        if call is not None:  # trailers from the client: only their END_STREAM matters
+            if flags & END_STREAM:
+                self._remote_closed(call)
+            return
+        if stream_id <= self._last_stream or not stream_id & 1:
+            if stream_id > self._last_stream:
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "even stream id from client")
+            return  # a stream this side already finished
+        self._last_stream = stream_id
+        if self._going_away or len(self.calls) >= self._limits.max_concurrent_streams:
+            self._out.append(rst_stream(stream_id, H2Error.REFUSED_STREAM))
+            return
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields}
+        self._start_call(stream_id, headers, bool(flags & END_STREAM))
+
+    def _start_call(self, stream_id: int, headers: dict[str, str], ended: bool) -> None:
+        path = headers.get(":path", "")
+        content_type = headers.get("content-type", "")
+        if headers.get(":method") != "POST" or not content_type.startswith("application/grpc"):
+            block = _block((b":status", b"415"), (b"content-type", b"text/plain"))
+            self._out.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, stream_id, block))
+            if not ended:
+                self._out.append(rst_stream(stream_id, H2Error.NO_ERROR))
+            return
+        rpc = self._router.get(path)
+        encoding = headers.get("grpc-encoding", "identity")
+        if rpc is None:
+            self._refuse(stream_id, ended, GrpcStatus.UNIMPLEMENTED, f"unknown method {path}")
+            return
+        if encoding not in ("identity", "gzip", "deflate"):
+            self._refuse(stream_id, ended, GrpcStatus.UNIMPLEMENTED,
+                         f"unsupported grpc-encoding '{encoding}'")
+            return
+        call = Call(self, stream_id, rpc, encoding, self._peer_initial_window)
+        self.calls[stream_id] = call
+        timeout = headers.get("grpc-timeout")
+        if timeout is not None:
+            try:
+                seconds = parse_timeout(timeout)
+            except ValueError as exc:
+                self._end(call, GrpcStatus.INVALID_ARGUMENT, str(exc))
+                return
+            call.deadline = self._loop.time() + seconds
+            call.timer = self._loop.call_at(call.deadline, self._expire, call)
+        if rpc.stream is not None:
+            call.task = self._loop.create_task(self._serve_stream(call, rpc.stream))
+        if ended:
+            self._remote_closed(call)
+
+    def _refuse(self, stream_id: int, ended: bool, status: GrpcStatus, message: str) -> None:
+        block = _trailers(status, message, headers_sent=False)
+        self._out.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, stream_id, block))
+        if not ended:
+            self._out.append(rst_stream(stream_id, H2Error.NO_ERROR))
+
+    def _on_data(self, stream_id: int, flags: int, payload: bytes) -> None:
+        self._recv_unacked += len(payload)
+        if self._recv_unacked >= self._limits.connection_window // 2:
+            self._out.append(window_update(0, self._recv_unacked))
+            self._recv_unacked = 0
+        call = self.calls.get(stream_id)
+        if call is None:
+            if stream_id == 0 or stream_id > self._last_stream:
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "DATA on an idle stream")
+            return  # the call already ended on this side
+        if call.remote_closed:
+            raise ProtocolViolation(H2Error.STREAM_CLOSED, "DATA after END_STREAM")
+        data = strip_padding(payload, flags)
+        if not flags & END_STREAM:
+            call.recv_unacked += len(payload)
+            if call.recv_unacked >= self._limits.stream_window // 2:
+                self._out.append(window_update(stream_id, call.recv_unacked))
+                call.recv_unacked = 0
+        if data and not self._take_messages(call, data):
+            return
+        if flags & END_STREAM:
+            self._remote_closed(call)
+
+    def _take_messages(self, call: Call, data: bytes) -> bool:
+        """Split the stream's bytes into messages; False if the call ended over a bad one."""
+        inbuf = call.inbuf
+        if not inbuf and len(data) >= 5 and len(data) == 5 + int.from_bytes(data[1:5], "big"):
+            chunks = [data]  # the usual case: exactly one whole message in this frame
+        else:
+            inbuf += data
+            chunks = []
+            while len(inbuf) >= 5:
+                size = int.from_bytes(inbuf[1:5], "big")
+                if size > self._limits.max_message_bytes:
+                    break
+                if len(inbuf) < 5 + size:
+                    break
+                chunks.append(bytes(inbuf[:5 + size]))
+                del inbuf[:5 + size]
+        if len(inbuf) >= 5 and int.from_bytes(inbuf[1:5], "big") > self._limits.max_message_bytes:
+            self._end(call, GrpcStatus.RESOURCE_EXHAUSTED,
+                      f"received message larger than max ({int.from_bytes(inbuf[1:5], 'big')}"
+                      f" vs. {self._limits.max_message_bytes})")
+            return False
+        for chunk in chunks:
+            message = chunk[5:]
+            if chunk[0]:
+                if call.encoding == "identity":
+                    self._end(call, GrpcStatus.INTERNAL,
+                              "compressed message without a grpc-encoding")
+                    return False
+                try:
+                    message = decompress(message, call.encoding, self._limits.max_message_bytes)
+                except ValueError as exc:
+                    self._end(call, GrpcStatus.INTERNAL, str(exc))
+                    return False
+            call.messages.append(message)
+        if chunks and call.rpc.stream is not None:
+            call.wake()
+        return True
+
+    def _remote_closed(self, call: Call) -> None:
+        call.remote_closed = True
+        if call.ended:
+            return
+        rpc = call.rpc
+        if rpc.unary is None:
+            call.wake()
+            return
+        if call.inbuf or len(call.messages) != 1:
+            count = len(call.messages) + (1 if call.inbuf else 0)
+            self._end(call, GrpcStatus.INTERNAL if call.inbuf else GrpcStatus.UNIMPLEMENTED,
+                      "incomplete request message" if call.inbuf else
+                      f"a unary method takes exactly one request message, got {count}")
+            return
+        try:
+            request = _parse(rpc.request_type.FromString, call.messages.popleft())
+        except BadMessage as exc:
+            self._end(call, GrpcStatus.INVALID_ARGUMENT, str(exc))
+            return
+        call.task = self._loop.create_task(self._serve_unary(call, rpc.unary, request))
+
+    def _on_settings(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if stream_id:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            return
+        grown = self._apply_settings(parse_settings(payload))
+        # The ACK goes out before any frame that relies on the new values: the client judges
+        # our frames by its settings as acknowledged.
+        self._out.append(frame(FrameType.SETTINGS, ACK, 0))
+        self.transport.write(b"".join(self._out))
+        self._out.clear()
+        if grown:
+            self._pump_blocked()
+
+    def _on_ping(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if len(payload) != 8:
+            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "PING payload is not 8 bytes")
+        if not flags & ACK:
+            self._out.append(frame(FrameType.PING, ACK, 0, payload))
+
+    def _on_rst_stream(self, stream_id: int, flags: int, payload: bytes) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self._abort(call, self._reason_for_reset(call))
+
+    def _on_goaway(self, stream_id: int, flags: int, payload: bytes) -> None:
+        pass  # the client opens no new streams; the ones in flight finish normally
+
+    def _on_push_promise(self, stream_id: int, flags: int, payload: bytes) -> None:
+        raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+
+    def _reason_for_reset(self, call: Call) -> CancelReason:
+        # A client's own deadline resets the stream a little before this side's copy of it
+        # runs out (that one started counting only when the headers arrived).
+        if call.deadline is not None and call.deadline - self._loop.time() <= DEADLINE_SLACK_S:
+            return CancelReason.DEADLINE
+        return CancelReason.CLIENT_CANCELLED
+
+    def _apply_settings(self, values: dict[int, int]) -> bool:
+        """Take the peer's settings; True if stream windows grew."""
+        grown = False
+        for key, value in values.items():
+            if key == Setting.INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, "window too large")
+                delta = value - self._peer_initial_window
+                self._peer_initial_window = value
+                for call in self.calls.values():
+                    call.send_window += delta
+                grown = grown or delta > 0
+            elif key == Setting.MAX_FRAME_SIZE and not (
+                    DEFAULT_MAX_FRAME <= value <= MAX_FRAME_LIMIT):
+                # Valid values are only checked: frames stay at 16 KiB, which every peer
+                # accepts whatever its setting is at the moment (gRPC clients move theirs
+                # with their bandwidth estimate).
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "invalid MAX_FRAME_SIZE")
+        return grown
+
+    def _on_window_update(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "WINDOW_UPDATE is not 4 bytes")
+        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if stream_id == 0:
+            if not increment:
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "zero WINDOW_UPDATE")
+            self._send_window += increment
+            if self._send_window > MAX_WINDOW:
+                raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, "window overflow")
+            self._pump_blocked()
+            return
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.send_window += increment
+            if call.pending:
+                self._pump(call)
+
+    # -- outbound ------------------------------------------------------------------------
+    def send(self, call: Call, data: bytes, trailers: bytes | None) -> None:
+        """Write ``data`` (framed messages), then ``trailers`` if given, as far as flow
+        control allows; the rest goes out as the peer grants credit."""
+        if self._closed:
+            return
+        parts: list[bytes] = []
+        if not call.headers_sent:
+            call.headers_sent = True
+            parts.append(frame(FrameType.HEADERS, END_HEADERS, call.stream_id, _RESPONSE_HEADERS))
+        if call.pending:
+            call.pending.append(data)
+        else:
+            rest = self._frame_data(call, data, parts)
+            if rest is not None:
+                call.pending.append(rest)
+        if trailers is not None:
+            if call.pending:
+                call.trailers = trailers
+            else:
+                parts.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, call.stream_id,
+                                   trailers))
+        self.transport.write(b"".join(parts))
+
+    def _frame_data(self, call: Call, data: bytes, parts: list[bytes]) -> bytes | None:
+        """Frame what the windows allow into ``parts``; returns the rest."""
+        stream_id = call.stream_id
+        if len(data) <= DEFAULT_MAX_FRAME and len(data) <= self._send_window and \
+                len(data) <= call.send_window:
+            parts.append(frame(FrameType.DATA, 0, stream_id, data))
+            self._send_window -= len(data)
+            call.send_window -= len(data)
+            return None
+        view = memoryview(data)
+        while view:
+            size = min(len(view), DEFAULT_MAX_FRAME, self._send_window, call.send_window)
+            if size <= 0:
+                self._blocked[stream_id] = call
+                return bytes(view)
+            parts.append(frame(FrameType.DATA, 0, stream_id, bytes(view[:size])))
+            self._send_window -= size
+            call.send_window -= size
+            view = view[size:]
+        return None
+
+    def _pump(self, call: Call) -> None:
+        parts: list[bytes] = []
+        pending = call.pending
+        self._blocked.pop(call.stream_id, None)
+        while pending:
+            rest = self._frame_data(call, pending.popleft(), parts)
+            if rest is not None:
+                pending.appendleft(rest)
+                break
+        finished = not pending and call.trailers is not None
+        if finished:
+            parts.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, call.stream_id,
+                               call.trailers or b""))
+            call.trailers = None
+        if parts:
+            self._out_or_write(b"".join(parts))
+        if finished:
+            self._close(call, None)
+        if not pending:
+            self._wake_writers()
+
+    def _pump_blocked(self) -> None:
+        for call in list(self._blocked.values()):
+            if self._send_window <= 0:
+                return
+            self._pump(call)
+
+    async def wait_writable(self) -> None:
+        if self._writable is None or self._writable.done():
+            self._writable = self._loop.create_future()
+        await self._writable
+
+    def _wake_writers(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    # -- ending calls --------------------------------------------------------------------
+    def _end(self, call: Call, status: GrpcStatus, message: str = "",
+             reason: CancelReason | None = None) -> None:
+        """Finish the call from this side with ``status``. An end the handler did not ask for
+        (``reason``: deadline, shutdown) drops what is still waiting to be sent and cancels
+        the handler's task."""
+        if call.ended:
+            return
+        call.ended = True
+        if reason is not None:
+            call.pending.clear()
+            self._blocked.pop(call.stream_id, None)
+        if status == GrpcStatus.OK and not message and call.headers_sent:
+            trailers = _OK_TRAILERS
+        else:
+            trailers = _trailers(status, message, call.headers_sent)
+        call.headers_sent = True
+        if call.pending:
+            call.trailers = trailers  # follows the data still waiting for credit
+            self._stop_task(call, reason)
+            return
+        self._out_or_write(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, call.stream_id,
+                                 trailers))
+        self._close(call, reason)
+
+    def _close(self, call: Call, reason: CancelReason | None) -> None:
+        if not call.remote_closed:
+            # RFC 9113 §8.1: a complete response may be followed by RST_STREAM(NO_ERROR) so
+            # the client stops sending a request nobody reads.
+            self._out_or_write(rst_stream(call.stream_id, H2Error.NO_ERROR))
+        self._stop_task(call, reason)
+        self._forget(call)
+
+    def _stop_task(self, call: Call, reason: CancelReason | None) -> None:
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        task = call.task
+        if reason is not None and task is not None and not task.done():
+            call.cancel_reason = reason
+            task.cancel()
+        call.wake()
+
+    def _forget(self, call: Call) -> None:
+        self.calls.pop(call.stream_id, None)
+        self._blocked.pop(call.stream_id, None)
+        if not self.calls:
+            self._registry.call_ended()
+            if self._going_away:
+                self._close_transport()
+
+    def _abort(self, call: Call, reason: CancelReason) -> None:
+        """The call is over for the client (reset, gone): nothing more is sent for it."""
+        call.ended = True
+        call.pending.clear()
+        call.trailers = None
+        self._stop_task(call, reason)
+        self._forget(call)
+
+    def _expire(self, call: Call) -> None:
+        call.timer = None
+        self._end(call, GrpcStatus.DEADLINE_EXCEEDED, "Deadline Exceeded", CancelReason.DEADLINE)
+
+    def _out_or_write(self, data: bytes) -> None:
+        if self._closed:
+            return
+        self.transport.write(data)
+
+    # -- serving -------------------------------------------------------------------------
+    async def _serve_unary(self, call: Call, handler: UnaryHandler, request: Any) -> None:
+        try:
+            reply = await handler(request, call)
+        except asyncio.CancelledError:
+            return  # the call ended under it; the ending already answered the client
+        except TritiumError as exc:
+            self._end(call, grpc_status(exc.code), exc.message)
+            return
+        except Exception as exc:
+            log.exception("gRPC method %s failed", call.rpc.request_type.__name__)
+            self._end(call, GrpcStatus.INTERNAL, f"internal error: {exc}")
+            return
+        if call.ended:
+            return
+        call.ended = True
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        self.send(call, _prefixed(reply.SerializeToString()), _OK_TRAILERS)
+        if not call.pending:
+            self._forget(call)
+
+    async def _serve_stream(self, call: Call, handler: StreamHandler) -> None:
+        try:
+            await handler(call)
+        except asyncio.CancelledError:
+            return
+        except TritiumError as exc:
+            self._end(call, grpc_status(exc.code), exc.message)
+            return
+        except BadMessage as exc:
+            self._end(call, GrpcStatus.INVALID_ARGUMENT, str(exc))
+            return
+        except Exception as exc:
+            log.exception("gRPC streaming method failed")
+            self._end(call, GrpcStatus.INTERNAL, f"internal error: {exc}")
+            return
+        self._end(call, GrpcStatus.OK)
+
+    # -- the connection as a whole -------------------------------------------------------
+    def go_away(self) -> None:
+        """Refuse new streams; close once the calls in flight have finished."""
+        if self._closed or self._going_away:
+            return
+        self._going_away = True
+        self.transport.write(goaway(self._last_stream, H2Error.NO_ERROR))
+        if not self.calls:
+            self._close_transport()
+
+    def shut_down(self, status: GrpcStatus, message: str) -> None:
+        """End every call still running with ``status`` and close."""
+        for call in list(self.calls.values()):
+            self._end(call, status, message, CancelReason.SHUTDOWN)
+        self._close_transport()
+
+    def _close_transport(self) -> None:
+        if not self._closed:
+            self.transport.close()
+
+    def _fail(self, code: H2Error, message: str) -> None:
+        log.info("closing a gRPC connection: %s", message)
+        self.transport.write(b"".join(self._out) + goaway(self._last_stream, code, message))
+        self._out.clear()
+        self._closed = True
+        self.transport.close()
+
+    def _reject_non_http2(self) -> None:
+        if bytes(self._buf[:4]) in (b"GET ", b"POST", b"PUT ", b"HEAD"):
+            body = b"this port speaks gRPC (HTTP/2 with prior knowledge)\n"
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        self._closed = True
+        self.transport.close()
+
+
+DEADLINE_SLACK_S = 0.1

@@ -1,0 +1,177 @@
+"""HTTP/2 and gRPC wire facts (RFC 9113, gRPC over HTTP/2): frames, settings, status texts.
+
+Pure functions and constants; the connection that uses them lives in ``connection.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+import gzip
+import zlib
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+class FrameType(enum.IntEnum):
+    DATA = 0
+    HEADERS = 1
+    PRIORITY = 2
+    RST_STREAM = 3
+    SETTINGS = 4
+    PUSH_PROMISE = 5
+    PING = 6
+    GOAWAY = 7
+    WINDOW_UPDATE = 8
+    CONTINUATION = 9
+
+
+# Flag bits; ACK shares END_STREAM's bit on SETTINGS and PING.
+END_STREAM = 0x1
+ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY = 0x20
+
+
+class Setting(enum.IntEnum):
+    HEADER_TABLE_SIZE = 1
+    ENABLE_PUSH = 2
+    MAX_CONCURRENT_STREAMS = 3
+    INITIAL_WINDOW_SIZE = 4
+    MAX_FRAME_SIZE = 5
+    MAX_HEADER_LIST_SIZE = 6
+
+
+class H2Error(enum.IntEnum):
+    """Error codes of RST_STREAM and GOAWAY."""
+
+    NO_ERROR = 0
+    PROTOCOL_ERROR = 1
+    INTERNAL_ERROR = 2
+    FLOW_CONTROL_ERROR = 3
+    STREAM_CLOSED = 5
+    FRAME_SIZE_ERROR = 6
+    REFUSED_STREAM = 7
+    CANCEL = 8
+    COMPRESSION_ERROR = 9
+    ENHANCE_YOUR_CALM = 11
+
+
+class ProtocolViolation(Exception):
+    """The peer broke the protocol: the connection ends with GOAWAY carrying ``code``."""
+
+    def __init__(self, code: H2Error, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+DEFAULT_WINDOW = 65535
+DEFAULT_MAX_FRAME = 16384
+MAX_WINDOW = 2**31 - 1
+MAX_FRAME_LIMIT = 2**24 - 1
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    """One frame: 24-bit length, type, flags, 31-bit stream id, payload."""
+    return ((len(payload) << 8) | kind).to_bytes(4, "big") + bytes((flags,)) + \
+        stream_id.to_bytes(4, "big") + payload
+
+
+def settings_payload(values: dict[Setting, int]) -> bytes:
+    return b"".join(int(key).to_bytes(2, "big") + value.to_bytes(4, "big")
+                    for key, value in values.items())
+
+
+def parse_settings(payload: bytes) -> dict[int, int]:
+    if len(payload) % 6:
+        raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "SETTINGS length is not a multiple of 6")
+    return {int.from_bytes(payload[i:i + 2], "big"): int.from_bytes(payload[i + 2:i + 6], "big")
+            for i in range(0, len(payload), 6)}
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    return frame(FrameType.WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big"))
+
+
+def rst_stream(stream_id: int, code: H2Error) -> bytes:
+    return frame(FrameType.RST_STREAM, 0, stream_id, int(code).to_bytes(4, "big"))
+
+
+def goaway(last_stream_id: int, code: H2Error, debug: str = "") -> bytes:
+    payload = last_stream_id.to_bytes(4, "big") + int(code).to_bytes(4, "big") + debug.encode()
+    return frame(FrameType.GOAWAY, 0, 0, payload)
+
+
+def strip_padding(payload: bytes, flags: int) -> bytes:
+    """The frame's content without its pad length octet and padding."""
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "padding exceeds the frame")
+    return payload[1:len(payload) - payload[0]]
+
+
+# -- gRPC over HTTP/2 ------------------------------------------------------------------------
+class GrpcStatus(enum.IntEnum):
+    """The ``grpc-status`` codes."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
+def parse_timeout(value: str) -> float:
+    """``grpc-timeout`` (up to 8 digits and a unit) in seconds; ValueError if malformed."""
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in _TIMEOUT_UNITS:
+        raise ValueError(f"malformed grpc-timeout '{value}'")
+    return int(digits) * _TIMEOUT_UNITS[unit]
+
+
+def encode_status_message(message: str) -> bytes:
+    """``grpc-message``: UTF-8, percent-encoding everything outside printable ASCII and '%'."""
+    out = bytearray()
+    for byte in message.encode("utf-8", "replace"):
+        if 0x20 <= byte <= 0x7E and byte != 0x25:
+            out.append(byte)
+        else:
+            out += b"%%%02X" % byte
+    return bytes(out)
+
+
+ACCEPTED_ENCODINGS = b"identity,deflate,gzip"
+
+
+def decompress(data: bytes, encoding: str, limit: int) -> bytes:
+    """A compressed message's bytes; ValueError for an unknown encoding, corrupt data or a
+    result over ``limit`` bytes."""
+    if encoding == "gzip":
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    elif encoding == "deflate":
+        inflater = zlib.decompressobj()
+    else:
+        raise ValueError(f"message compressed with unsupported encoding '{encoding}'")
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except (zlib.error, gzip.BadGzipFile) as exc:
+        raise ValueError(f"corrupt {encoding} message: {exc}") from None
+    if len(out) > limit:
+        raise ValueError(f"decompressed message is larger than {limit} bytes")
+    return out
