@@ -42,6 +42,7 @@ from tritium.frontends.grpc.http2 import (
     goaway,
     parse_settings,
     parse_timeout,
+    references_only,
     rst_stream,
     settings_payload,
     strip_padding,
@@ -94,6 +95,7 @@ _RESPONSE_HEADERS = _block((b":status", b"200"), (b"content-type", b"application
                            (b"grpc-accept-encoding", ACCEPTED_ENCODINGS))
 _OK_TRAILERS = _block((b"grpc-status", b"0"))
 _MAX_STATUS_MESSAGE = 4096
+_HEADER_CACHE_SIZE = 64
 
 
 def _trailers(status: int, message: str, headers_sent: bool) -> bytes:
@@ -232,6 +234,7 @@ class GrpcConnection(asyncio.Protocol):
         self._buf = bytearray()
         self._preface_seen = False
         self._decoder = hpack.Decoder(max_header_list_size=limits.max_header_list_bytes)
+        self._header_cache: dict[bytes, dict[str, str]] = {}  # never mutated once stored
         self.calls: dict[int, Call] = {}
         self._blocked: dict[int, Call] = {}  # calls with bytes waiting for window
         self._last_stream = 0
@@ -367,10 +370,7 @@ class GrpcConnection(asyncio.Protocol):
             self._on_header_block(stream_id, first_flags, bytes(block))
 
     def _on_header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        try:
-            fields = self._decoder.decode(block, raw=True)
-        except hpack.HPACKError as exc:
-            raise ProtocolViolation(H2Error.COMPRESSION_ERROR, f"bad header block: {exc}") from None
+        headers = self._decode_headers(block)
         call = self.calls.get(stream_id)
         if call is not None:  # trailers from the client: only their END_STREAM matters
             if flags & END_STREAM:
@@ -384,8 +384,26 @@ class GrpcConnection(asyncio.Protocol):
         if self._going_away or len(self.calls) >= self._limits.max_concurrent_streams:
             self._out.append(rst_stream(stream_id, H2Error.REFUSED_STREAM))
             return
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields}
         self._start_call(stream_id, headers, bool(flags & END_STREAM))
+
+    def _decode_headers(self, block: bytes) -> dict[str, str]:
+        """The block's fields. A client repeating a call sends the same block of table
+        references each time; such a block does not change the decoder's table, so its
+        fields are remembered until a block that may change the table arrives."""
+        cache = self._header_cache
+        headers = cache.get(block)
+        if headers is not None:
+            return headers
+        try:
+            fields = self._decoder.decode(block, raw=True)
+        except hpack.HPACKError as exc:
+            raise ProtocolViolation(H2Error.COMPRESSION_ERROR, f"bad header block: {exc}") from None
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields}
+        if not references_only(block):
+            cache.clear()
+        elif len(cache) < _HEADER_CACHE_SIZE:
+            cache[block] = headers
+        return headers
 
     def _start_call(self, stream_id: int, headers: dict[str, str], ended: bool) -> None:
         path = headers.get(":path", "")

@@ -111,6 +111,22 @@ def strip_padding(payload: bytes, flags: int) -> bytes:
     return payload[1:len(payload) - payload[0]]
 
 
+def references_only(block: bytes) -> bool:
+    """True if an HPACK header block holds only indexed fields (RFC 7541 §6.1), the one kind
+    of field that leaves the decoder's dynamic table as it was."""
+    i, size = 0, len(block)
+    while i < size:
+        first = block[i]
+        if not first & 0x80:
+            return False
+        i += 1
+        if first & 0x7F == 0x7F:  # the index continues in 7-bit groups
+            while i < size and block[i] & 0x80:
+                i += 1
+            i += 1
+    return True
+
+
 # -- gRPC over HTTP/2 ------------------------------------------------------------------------
 class GrpcStatus(enum.IntEnum):
     """The ``grpc-status`` codes."""
