@@ -21,7 +21,9 @@ class Records:
     def _rows(self, request_id: str) -> list[dict[str, object]]:
         if not self.path.exists():
             return []
-        lines = self.path.read_text().splitlines()
+        text = self.path.read_text()
+        # A model may be appending a line right now: only whole lines are read.
+        lines = text[:text.rfind("\n") + 1].splitlines()
         return [r for r in map(json.loads, lines) if r["id"] == request_id]
 
     def events(self, request_id: str) -> list[str]:

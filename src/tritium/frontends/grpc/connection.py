@@ -96,6 +96,9 @@ _RESPONSE_HEADERS = _block((b":status", b"200"), (b"content-type", b"application
 _OK_TRAILERS = _block((b"grpc-status", b"0"))
 _MAX_STATUS_MESSAGE = 4096
 _HEADER_CACHE_SIZE = 64
+# A streaming call whose client sent bytes that cannot be read is over: the requests it
+# already started answer nobody.
+_CALL_BROKEN = CancelReason.CLIENT_CANCELLED
 
 
 def _trailers(status: int, message: str, headers_sent: bool) -> bytes:
@@ -261,6 +264,10 @@ class GrpcConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._registry.connections.add(self)
+
+    def _open(self) -> None:
+        """Our side of the connection preface, once the client's has arrived (an HTTP/1.1
+        client that came here by mistake then reads a plain 400, not HTTP/2 frames)."""
         limits = self._limits
         settings = settings_payload({
             Setting.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
@@ -313,6 +320,7 @@ class GrpcConnection(asyncio.Protocol):
             return False
         del buf[:len(PREFACE)]
         self._preface_seen = True
+        self._open()
         return True
 
     def _read_frames(self, buf: bytearray) -> int:
@@ -487,19 +495,19 @@ class GrpcConnection(asyncio.Protocol):
         if len(inbuf) >= 5 and int.from_bytes(inbuf[1:5], "big") > self._limits.max_message_bytes:
             self._end(call, GrpcStatus.RESOURCE_EXHAUSTED,
                       f"received message larger than max ({int.from_bytes(inbuf[1:5], 'big')}"
-                      f" vs. {self._limits.max_message_bytes})")
+                      f" vs. {self._limits.max_message_bytes})", _CALL_BROKEN)
             return False
         for chunk in chunks:
             message = chunk[5:]
             if chunk[0]:
                 if call.encoding == "identity":
                     self._end(call, GrpcStatus.INTERNAL,
-                              "compressed message without a grpc-encoding")
+                              "compressed message without a grpc-encoding", _CALL_BROKEN)
                     return False
                 try:
                     message = decompress(message, call.encoding, self._limits.max_message_bytes)
                 except ValueError as exc:
-                    self._end(call, GrpcStatus.INTERNAL, str(exc))
+                    self._end(call, GrpcStatus.INTERNAL, str(exc), _CALL_BROKEN)
                     return False
             call.messages.append(message)
         if chunks and call.rpc.stream is not None:
@@ -542,6 +550,8 @@ class GrpcConnection(asyncio.Protocol):
             self._pump_blocked()
 
     def _on_ping(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if stream_id:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "PING payload is not 8 bytes")
         if not flags & ACK:
@@ -598,10 +608,17 @@ class GrpcConnection(asyncio.Protocol):
             self._pump_blocked()
             return
         call = self.calls.get(stream_id)
-        if call is not None:
-            call.send_window += increment
-            if call.pending:
-                self._pump(call)
+        if call is None:
+            return
+        if not increment or call.send_window + increment > MAX_WINDOW:
+            # A stream error: this call ends, the connection goes on.
+            self._out.append(rst_stream(stream_id, H2Error.PROTOCOL_ERROR if not increment
+                                        else H2Error.FLOW_CONTROL_ERROR))
+            self._abort(call, CancelReason.CLIENT_CANCELLED)
+            return
+        call.send_window += increment
+        if call.pending:
+            self._pump(call)
 
     # -- outbound ------------------------------------------------------------------------
     def send(self, call: Call, data: bytes, trailers: bytes | None) -> None:

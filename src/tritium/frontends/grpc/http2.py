@@ -156,7 +156,8 @@ _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1
 def parse_timeout(value: str) -> float:
     """``grpc-timeout`` (up to 8 digits and a unit) in seconds; ValueError if malformed."""
     digits, unit = value[:-1], value[-1:]
-    if not digits.isdigit() or len(digits) > 8 or unit not in _TIMEOUT_UNITS:
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 8 or \
+            unit not in _TIMEOUT_UNITS:
         raise ValueError(f"malformed grpc-timeout '{value}'")
     return int(digits) * _TIMEOUT_UNITS[unit]
 
@@ -190,4 +191,6 @@ def decompress(data: bytes, encoding: str, limit: int) -> bytes:
         raise ValueError(f"corrupt {encoding} message: {exc}") from None
     if len(out) > limit:
         raise ValueError(f"decompressed message is larger than {limit} bytes")
+    if not inflater.eof or inflater.unused_data:
+        raise ValueError(f"corrupt {encoding} message: truncated or followed by extra bytes")
     return out

@@ -27,8 +27,9 @@ _SHARED_MEMORY = TritiumError(
 
 
 def ended_reason(call: Call) -> CancelReason:
-    """Why the transport ended a call under its handler (shutdown when it did not say)."""
-    return call.cancel_reason or CancelReason.SHUTDOWN
+    """Why a call ended under its handler. The transport says why when it ended the call;
+    otherwise the call failed on bytes its client sent, and its requests answer nobody."""
+    return call.cancel_reason or CancelReason.CLIENT_CANCELLED
 
 
 class InferenceServicer:
