@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tritium.config import BUNDLED_REPOSITORY, ServerConfig
+from tritium.execution.placement import ThreadPlacement, install
 from tritium.repository.manager import ControlMode
 
 
@@ -51,6 +52,12 @@ def _cores(text: str) -> frozenset[int]:
     return frozenset(cores)
 
 
+def _thread_core(text: str) -> str:
+    if text in ("auto", "none") or (text.isascii() and text.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, none or a core number, got '{text}'")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritium", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -84,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the server (and every thread it starts) on these cores only, e.g. 0 or 0-1; "
              "one core saves the cost of moving the GIL between cores for models that "
              "compute in Python, but starves models that compute in native threads")
+    add("--python-threads-core", type=_thread_core, default="auto",
+        help="the core the event loop and idle model instance threads share (model code "
+             "itself runs on every core): auto (the core the server starts on), a core "
+             "number, or none to leave threads where the OS puts them")
     return parser
 
 
@@ -113,6 +124,7 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         log_verbose=args.log_verbose,
         http_max_input_size=args.http_max_input_size,
         cpu_cores=args.cpu_cores,
+        python_threads_core=args.python_threads_core,
     )
 
 
@@ -137,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if config.cpu_cores is not None:
         _pin(config.cpu_cores)
+    try:
+        install(ThreadPlacement.choose(config.python_threads_core))
+    except ValueError as exc:
+        raise SystemExit(f"tritium: error: --python-threads-core: {exc}") from None
     from tritium.server import run
 
     return run(config)

@@ -31,3 +31,4 @@ class ServerConfig:
     http_header_timeout_secs: float = 30.0
     http_keepalive_timeout_secs: float = 75.0
     cpu_cores: frozenset[int] | None = None
+    python_threads_core: str = "auto"  # see execution/placement.py

@@ -13,6 +13,7 @@ from typing import Any
 
 from tritium.config import ServerConfig
 from tritium.core.service import InferenceService
+from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.frontends.grpc.server import GrpcServer, start_grpc_server
 from tritium.frontends.http.handlers import HttpApi
@@ -41,6 +42,7 @@ def run(config: ServerConfig) -> int:
 async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
     stop = _install_signal_handlers(loop)
+    _place_threads(loop)
     service, manager = _build_core(config, loop)
 
     await manager.load_startup_models(list(config.load_models))
@@ -60,6 +62,16 @@ async def serve(config: ServerConfig) -> int:
 
     await stop.wait()
     return await _shutdown(config, service, manager, _Listeners(http, grpc, metrics), poller)
+
+
+def _place_threads(loop: asyncio.AbstractEventLoop) -> None:
+    placement = placement_module.current()
+    placement.settle()  # this thread is the event loop's
+    executor = placement.unrestricted_executor()
+    if executor is not None:
+        # Worker threads read configs and may import model code: keep them unrestricted.
+        loop.set_default_executor(executor)
+    log.info("thread placement: %s", placement.describe())
 
 
 def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop

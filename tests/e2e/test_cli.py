@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -29,6 +30,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         (["serve", "--http-max-input-size", "0"], "positive"),
         (["serve", "--cpu-cores", "zero"], "expected core numbers"),
         (["serve", "--cpu-cores", "4096"], "cannot run on cores"),
+        (["serve", "--python-threads-core", "first"], "expected auto, none or a core number"),
+        (["serve", "--python-threads-core", "4096"], "not one this process may run on"),
     ],
 )
 def test_bad_invocations_exit_non_zero_with_one_line(args: list[str], fragment: str) -> None:
@@ -74,6 +77,45 @@ def test_cpu_cores_pins_the_server(tmp_path: Path) -> None:
             assert "Cpus_allowed_list:\t0\n" in (task / "status").read_text()
         reply = requests.get(f"http://{server.http_url}/v2/health/live", timeout=10)
         assert reply.status_code == 200
+    finally:
+        assert server.stop() == 0
+
+
+def allowed_cores(task: Path) -> str:
+    status = (task / "status").read_text()
+    return status.split("Cpus_allowed_list:\t", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to place threads")
+def test_python_threads_share_a_core_and_model_code_runs_anywhere(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    add_model(repo, "affinity", "affinity",
+              'output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [3] }]\n')
+    server = TritiumProcess(repo, "--python-threads-core", "1").start()
+    try:
+        assert "event loop and idle instance threads on core 1" in server.log()
+        main = Path(f"/proc/{server.pid}/task/{server.pid}")
+        assert allowed_cores(main) == "1"
+        # The loop, the idle instance thread and the metrics thread (libraries may start
+        # a few threads of their own before placement).
+        placed = [task for task in Path(f"/proc/{server.pid}/task").iterdir()
+                  if allowed_cores(task) == "1"]
+        assert len(placed) >= 3, [allowed_cores(task) for task in placed]
+        reply = requests.post(f"http://{server.http_url}/v2/models/affinity/infer",
+                              json={"inputs": []}, timeout=10)
+        assert reply.status_code == 200, reply.text
+        everywhere = len(os.sched_getaffinity(0))
+        assert reply.json()["outputs"][0]["data"] == [everywhere] * 3
+    finally:
+        assert server.stop() == 0
+
+
+def test_thread_placement_can_be_turned_off(tmp_path: Path) -> None:
+    server = TritiumProcess(tmp_path, "--python-threads-core", "none").start()
+    try:
+        assert "threads are not placed" in server.log()
+        main = Path(f"/proc/{server.pid}/task/{server.pid}")
+        assert allowed_cores(main) == allowed_cores(Path("/proc/self"))
     finally:
         assert server.stop() == 0
 

@@ -20,6 +20,7 @@ from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest
 from tritium.core.response import DeferredWakes, InferenceResponse, ResponseStream
 from tritium.execution.backend import InstanceInfo, ModelBackend
+from tritium.execution.placement import ThreadPlacement, current
 
 log = logging.getLogger("tritium.execution")
 
@@ -51,6 +52,7 @@ class ModelInstance:
         self._model_loop: asyncio.AbstractEventLoop | None = None
         self._started: asyncio.Future[None] = loop.create_future()
         self._stopped: asyncio.Future[None] = loop.create_future()
+        self._placement: ThreadPlacement = current()
         self._thread = threading.Thread(target=self._run, name=f"instance-{self.name}", daemon=True)
 
     async def start(self) -> None:
@@ -87,6 +89,7 @@ class ModelInstance:
 
     # -- the instance thread -----------------------------------------------------
     def _run(self) -> None:
+        self._placement.release()  # initialize() is model code
         try:
             self._backend = self._create_backend(self.info)
         except BaseException as exc:
@@ -108,6 +111,7 @@ class ModelInstance:
 
     def _serve(self) -> None:
         inbox = self._inbox
+        self._placement.settle()
         while (batch := inbox.get()) is not _STOP:
             self._execute(batch)
 
@@ -118,12 +122,15 @@ class ModelInstance:
         woken: list[ResponseStream] = []
         if live:
             started = time.monotonic_ns()
+            self._placement.release()
             with DeferredWakes() as woken:
                 try:
                     self._backend.execute(live)  # type: ignore[union-attr]
                 except BaseException as exc:
                     _fail_batch(live, self.info.model_name, exc)
             elapsed = time.monotonic_ns() - started
+            # Home before waking the loop, so the wake-up stays on one core.
+            self._placement.settle()
         self._loop.call_soon_threadsafe(self._finish, batch, elapsed, woken)
 
     def _finish(self, batch: list[InferenceRequest], elapsed: int,
@@ -173,6 +180,7 @@ class ModelInstance:
     def _finalize(self) -> None:
         if self._backend is None:
             return
+        self._placement.release()
         try:
             self._backend.finalize()
         except BaseException:

@@ -1,0 +1,113 @@
+"""Which cores the server's Python threads run on.
+
+Only one thread runs Python at a time (the GIL), and every request crosses from the event
+loop to a model instance thread and back. When those two threads sit on different cores,
+each crossing wakes a sleeping thread on the other core, which on the virtual machines
+servers run on costs more CPU than all of the request's Python put together (measured: about
+160 µs per identity inference, against about 70 µs with both threads on one core). So the
+event loop and the instance threads share one "home" core while they run server code, and
+model code (``initialize``, ``execute``, ``finalize``, and every thread it starts) runs on
+any core the process may use, so native thread pools (BLAS, torch) keep all of them.
+
+Linux only (``os.sched_setaffinity`` sets the calling thread's mask there); elsewhere, and on
+a single allowed core, placement does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+log = logging.getLogger("tritium.execution")
+
+
+class ThreadPlacement:
+    """The home core (None: threads are not placed) and the cores model code may use."""
+
+    def __init__(self, home: int | None = None, everywhere: frozenset[int] | None = None):
+        self.home = home
+        self._home = frozenset((home,)) if home is not None else frozenset()
+        self._everywhere = everywhere or frozenset()
+
+    @classmethod
+    def choose(cls, setting: str) -> ThreadPlacement:
+        """``setting``: "auto" (the core this thread last ran on), a core number, or "none".
+        Raises ValueError for a core the process may not use."""
+        if setting == "none" or not hasattr(os, "sched_setaffinity"):
+            return cls()
+        allowed = frozenset(os.sched_getaffinity(0))
+        if setting == "auto":
+            if len(allowed) < 2:
+                return cls()  # nothing to choose between
+            home = _current_core()
+            if home not in allowed:
+                home = min(allowed)
+        else:
+            home = int(setting)
+            if home not in allowed:
+                raise ValueError(f"core {home} is not one this process may run on "
+                                 f"({_ranges(allowed)})")
+        return cls(home, allowed)
+
+    @property
+    def active(self) -> bool:
+        return self.home is not None
+
+    def settle(self) -> None:
+        """Keep the calling thread on the home core."""
+        if self._home:
+            _set(self._home)
+
+    def release(self) -> None:
+        """Let the calling thread (about to run model code) use every allowed core."""
+        if self._home:
+            _set(self._everywhere)
+
+    def unrestricted_executor(self) -> ThreadPoolExecutor | None:
+        """An executor whose threads run anywhere (they may import and run model code); None
+        when threads are not placed."""
+        if not self._home:
+            return None
+        return ThreadPoolExecutor(thread_name_prefix="tritium-worker", initializer=self.release)
+
+    def describe(self) -> str:
+        if self.home is None:
+            return "threads are not placed"
+        return (f"event loop and idle instance threads on core {self.home}; model code on "
+                f"cores {_ranges(self._everywhere)}")
+
+
+def _set(cores: frozenset[int]) -> None:
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError as exc:  # a cgroup may have taken cores away since startup
+        log.debug("cannot set thread affinity to %s: %s", sorted(cores), exc)
+
+
+def _current_core() -> int:
+    """The core the calling thread last ran on (field 39 of /proc/thread-self/stat)."""
+    try:
+        with open("/proc/thread-self/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _ranges(cores: frozenset[int]) -> str:
+    return ",".join(str(core) for core in sorted(cores))
+
+
+# The server's placement, set once at startup; instance threads read it as they start and
+# around model code. Affinity is a property of threads, so one process-wide value is the
+# honest shape for it.
+_current = ThreadPlacement()
+
+
+def current() -> ThreadPlacement:
+    return _current
+
+
+def install(placement: ThreadPlacement) -> None:
+    global _current
+    _current = placement
