@@ -76,3 +76,33 @@ def test_executor_threads_run_anywhere_even_when_made_by_a_settled_thread() -> N
 def test_a_core_outside_the_process_mask_is_refused() -> None:
     with pytest.raises(ValueError, match="not one this process may run on"):
         ThreadPlacement.choose(str(max(ALLOWED) + 4096))
+
+
+@two_cores
+def test_settled_threads_are_batch_threads_and_released_ones_are_not() -> None:
+    placement = ThreadPlacement.choose(str(min(ALLOWED)))
+
+    def policies() -> tuple[int, int, int]:
+        placement.settle()
+        settled = os.sched_getscheduler(0)
+        placement.widen()  # per batch: cores only
+        widened = os.sched_getscheduler(0)
+        placement.release()
+        return settled, widened, os.sched_getscheduler(0)
+
+    assert in_thread(policies) == (os.SCHED_BATCH, os.SCHED_BATCH, os.SCHED_OTHER)
+
+
+@two_cores
+def test_widen_and_narrow_move_between_every_core_and_home() -> None:
+    home = min(ALLOWED)
+    placement = ThreadPlacement.choose(str(home))
+
+    def masks() -> tuple[frozenset[int], frozenset[int]]:
+        placement.settle()
+        placement.widen()
+        wide = frozenset(os.sched_getaffinity(0))
+        placement.narrow()
+        return wide, frozenset(os.sched_getaffinity(0))
+
+    assert in_thread(masks) == (ALLOWED, frozenset({home}))

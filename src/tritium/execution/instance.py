@@ -122,7 +122,7 @@ class ModelInstance:
         woken: list[ResponseStream] = []
         if live:
             started = time.monotonic_ns()
-            self._placement.release()
+            self._placement.widen()
             with DeferredWakes() as woken:
                 try:
                     self._backend.execute(live)  # type: ignore[union-attr]
@@ -130,7 +130,7 @@ class ModelInstance:
                     _fail_batch(live, self.info.model_name, exc)
             elapsed = time.monotonic_ns() - started
             # Home before waking the loop, so the wake-up stays on one core.
-            self._placement.settle()
+            self._placement.narrow()
         self._loop.call_soon_threadsafe(self._finish, batch, elapsed, woken)
 
     def _finish(self, batch: list[InferenceRequest], elapsed: int,

@@ -5,7 +5,8 @@ loop to a model instance thread and back. When those two threads sit on differen
 each crossing wakes a sleeping thread on the other core, which on the virtual machines
 servers run on costs more CPU than all of the request's Python put together (measured: about
 160 µs per identity inference, against about 70 µs with both threads on one core). So the
-event loop and the instance threads share one "home" core while they run server code, and
+event loop and the instance threads share one "home" core while they run server code (as
+batch threads, see ``settle``), and
 model code (``initialize``, ``execute``, ``finalize``, and every thread it starts) runs on
 any core the process may use, so native thread pools (BLAS, torch) keep all of them.
 
@@ -55,14 +56,30 @@ class ThreadPlacement:
         return self.home is not None
 
     def settle(self) -> None:
-        """Keep the calling thread on the home core."""
+        """Keep the calling thread on the home core, as a batch thread: waking it never
+        preempts the thread running there, which would only block at once on the GIL that
+        thread holds (an idle wake-up wastes two context switches each way otherwise)."""
         if self._home:
             _set(self._home)
+            _policy(_BATCH)
 
     def release(self) -> None:
-        """Let the calling thread (about to run model code) use every allowed core."""
+        """Let the calling thread (about to run model code) use every allowed core, under
+        the ordinary scheduling policy (threads model code starts inherit both)."""
         if self._home:
             _set(self._everywhere)
+            _policy(_NORMAL)
+
+    def widen(self) -> None:
+        """Let a settled thread use every allowed core while it runs model code (until
+        ``narrow``); one system call, as the thread stays a batch thread."""
+        if self._home:
+            _set(self._everywhere)
+
+    def narrow(self) -> None:
+        """Back to the home core after ``widen``."""
+        if self._home:
+            _set(self._home)
 
     def unrestricted_executor(self) -> ThreadPoolExecutor | None:
         """An executor whose threads run anywhere (they may import and run model code); None
@@ -76,6 +93,17 @@ class ThreadPlacement:
             return "threads are not placed"
         return (f"event loop and idle instance threads on core {self.home}; model code on "
                 f"cores {_ranges(self._everywhere)}")
+
+
+_BATCH = getattr(os, "SCHED_BATCH", 3)
+_NORMAL = getattr(os, "SCHED_OTHER", 0)
+
+
+def _policy(policy: int) -> None:
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except (OSError, AttributeError) as exc:  # a sandbox may refuse; placement still helps
+        log.debug("cannot set scheduling policy %d: %s", policy, exc)
 
 
 def _set(cores: frozenset[int]) -> None:
