@@ -27,6 +27,7 @@ from tritium.frontends.grpc.http2 import (
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
+    FRAME_HEADER,
     MAX_FRAME_LIMIT,
     MAX_WINDOW,
     PREFACE,
@@ -327,31 +328,37 @@ class GrpcConnection(asyncio.Protocol):
         """Handle every whole frame in ``buf``; returns how many bytes they took."""
         pos, size = 0, len(buf)
         max_frame = self._limits.max_frame_bytes
-        while size - pos >= 9:
-            length = int.from_bytes(buf[pos:pos + 3], "big")
-            if length > max_frame:
-                raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR,
-                                        f"frame of {length} bytes exceeds {max_frame}")
-            end = pos + 9 + length
-            if end > size:
-                break
-            kind, flags = buf[pos + 3], buf[pos + 4]
-            stream_id = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
-            payload = bytes(buf[pos + 9:end])
-            pos = end
-            if self._continuing is not None and kind != FrameType.CONTINUATION:
-                raise ProtocolViolation(H2Error.PROTOCOL_ERROR,
-                                        "header block interrupted by another frame")
-            if kind == FrameType.DATA:
-                self._on_data(stream_id, flags, payload)
-            elif kind == FrameType.HEADERS:
-                self._on_headers(stream_id, flags, payload)
-            else:
-                handler = self._control.get(kind)
-                if handler is not None:  # PRIORITY and unknown types are ignored (RFC 9113)
-                    handler(stream_id, flags, payload)
-            if self._closed:
-                break
+        unpack = FRAME_HEADER.unpack_from
+        view = memoryview(buf)
+        try:
+            while size - pos >= 9:
+                word, flags, stream_id = unpack(buf, pos)
+                length = word >> 8
+                if length > max_frame:
+                    raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR,
+                                            f"frame of {length} bytes exceeds {max_frame}")
+                end = pos + 9 + length
+                if end > size:
+                    break
+                kind = word & 0xFF
+                stream_id &= 0x7FFFFFFF
+                payload = bytes(view[pos + 9:end])
+                pos = end
+                if self._continuing is not None and kind != FrameType.CONTINUATION:
+                    raise ProtocolViolation(H2Error.PROTOCOL_ERROR,
+                                            "header block interrupted by another frame")
+                if kind == FrameType.DATA:
+                    self._on_data(stream_id, flags, payload)
+                elif kind == FrameType.HEADERS:
+                    self._on_headers(stream_id, flags, payload)
+                else:
+                    handler = self._control.get(kind)
+                    if handler is not None:  # PRIORITY and unknown types are ignored
+                        handler(stream_id, flags, payload)
+                if self._closed:
+                    break
+        finally:
+            view.release()  # the buffer is resized next; a live view would forbid it
         return pos
 
     # -- inbound frames ------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import gzip
+import struct
 import zlib
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -71,10 +72,13 @@ MAX_WINDOW = 2**31 - 1
 MAX_FRAME_LIMIT = 2**24 - 1
 
 
+# A frame header: 24-bit length and 8-bit type (packed in one word), flags, stream id.
+FRAME_HEADER = struct.Struct(">IBI")
+
+
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     """One frame: 24-bit length, type, flags, 31-bit stream id, payload."""
-    return ((len(payload) << 8) | kind).to_bytes(4, "big") + bytes((flags,)) + \
-        stream_id.to_bytes(4, "big") + payload
+    return FRAME_HEADER.pack((len(payload) << 8) | kind, flags, stream_id) + payload
 
 
 def settings_payload(values: dict[Setting, int]) -> bytes:
