@@ -36,12 +36,8 @@ def reply() -> pb.ModelInferResponse:
 
 
 async def serve_tritium() -> None:
-    from tritium.frontends.grpc.connection import (
-        ConnectionRegistry,
-        GrpcConnection,
-        GrpcLimits,
-        Rpc,
-    )
+    from tritium.frontends.grpc.call import GrpcLimits, Rpc
+    from tritium.frontends.grpc.connection import ConnectionRegistry, GrpcConnection
 
     answer = reply()
 

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import hpack
-from google.protobuf.message import DecodeError
 
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import TritiumError
+from tritium.frontends.grpc.call import (
+    BadMessage,
+    Call,
+    GrpcLimits,
+    Router,
+    StreamHandler,
+    UnaryHandler,
+    parse_message,
+)
 from tritium.frontends.grpc.http2 import (
-    ACCEPTED_ENCODINGS,
     ACK,
     DEFAULT_MAX_FRAME,
     DEFAULT_WINDOW,
@@ -30,179 +35,37 @@ from tritium.frontends.grpc.http2 import (
     FRAME_HEADER,
     MAX_FRAME_LIMIT,
     MAX_WINDOW,
+    OK_TRAILERS,
     PREFACE,
     PRIORITY,
+    RESPONSE_HEADERS,
     FrameType,
     GrpcStatus,
     H2Error,
     ProtocolViolation,
     Setting,
     decompress,
-    encode_status_message,
     frame,
     goaway,
+    header_block,
+    length_prefixed,
     parse_settings,
     parse_timeout,
     references_only,
     rst_stream,
     settings_payload,
     strip_padding,
+    trailers_block,
     window_update,
 )
 from tritium.frontends.grpc.status import grpc_status
 
 log = logging.getLogger("tritium.grpc")
 
-UnaryHandler = Callable[[Any, "Call"], Awaitable[Any]]
-StreamHandler = Callable[["Call"], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class Rpc:
-    """A method: how its request messages are parsed, and the coroutine that serves it."""
-
-    request_type: Any  # a generated protobuf message class
-    unary: UnaryHandler | None = None
-    stream: StreamHandler | None = None
-
-
-Router = dict[str, Rpc]  # by ``:path``, e.g. "/inference.GRPCInferenceService/ModelInfer"
-
-
-@dataclass(frozen=True, slots=True)
-class GrpcLimits:
-    # Triton takes messages up to INT32_MAX both ways.
-    max_message_bytes: int = 2**31 - 1
-    max_header_list_bytes: int = 64 * 1024
-    max_concurrent_streams: int = 4096
-    # Large receive windows: a request's bytes are buffered whole anyway, so per-stream flow
-    # control would only add round trips.
-    stream_window: int = 16 * 1024 * 1024
-    connection_window: int = 1 << 30
-    max_frame_bytes: int = 1 << 20
-
-
-# Header blocks the server sends. The encoder never adds to its dynamic table, so a block
-# encoded once is valid on every connection.
-_ENCODER = hpack.Encoder()
-
-
-def _block(*headers: tuple[bytes, bytes]) -> bytes:
-    return _ENCODER.encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers],
-                           huffman=False)
-
-
-_RESPONSE_HEADERS = _block((b":status", b"200"), (b"content-type", b"application/grpc"),
-                           (b"grpc-accept-encoding", ACCEPTED_ENCODINGS))
-_OK_TRAILERS = _block((b"grpc-status", b"0"))
-_MAX_STATUS_MESSAGE = 4096
 _HEADER_CACHE_SIZE = 64
 # A streaming call whose client sent bytes that cannot be read is over: the requests it
 # already started answer nobody.
 _CALL_BROKEN = CancelReason.CLIENT_CANCELLED
-
-
-def _trailers(status: int, message: str, headers_sent: bool) -> bytes:
-    fields = [(b"grpc-status", str(int(status)).encode())]
-    if message:
-        fields.append((b"grpc-message", encode_status_message(message[:_MAX_STATUS_MESSAGE])))
-    if not headers_sent:  # trailers-only response
-        fields = [(b":status", b"200"), (b"content-type", b"application/grpc"),
-                  (b"grpc-accept-encoding", ACCEPTED_ENCODINGS), *fields]
-    return _block(*fields)
-
-
-def _prefixed(body: bytes) -> bytes:
-    return b"\x00" + len(body).to_bytes(4, "big") + body
-
-
-class Call:
-    """One RPC (one HTTP/2 stream) as its handler sees it."""
-
-    __slots__ = (
-        "_waiter",
-        "cancel_reason",
-        "conn",
-        "deadline",
-        "encoding",
-        "ended",
-        "headers_sent",
-        "inbuf",
-        "messages",
-        "pending",
-        "recv_unacked",
-        "remote_closed",
-        "rpc",
-        "send_window",
-        "stream_id",
-        "task",
-        "timer",
-        "trailers",
-    )
-
-    def __init__(self, conn: GrpcConnection, stream_id: int, rpc: Rpc, encoding: str,
-                 send_window: int):
-        self.conn = conn
-        self.stream_id = stream_id
-        self.rpc = rpc
-        self.encoding = encoding
-        self.cancel_reason: CancelReason | None = None
-        self.ended = False
-        self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.deadline: float | None = None
-        self.remote_closed = False
-        self.headers_sent = False
-        self.send_window = send_window
-        self.pending: deque[bytes] = deque()  # bytes waiting for flow-control credit
-        self.trailers: bytes | None = None  # sent once ``pending`` is empty
-        self.inbuf = bytearray()
-        self.messages: deque[bytes] = deque()
-        self.recv_unacked = 0
-        self._waiter: asyncio.Future[None] | None = None
-
-    # -- for handlers --------------------------------------------------------------------
-    def write(self, message: Any) -> None:
-        """Send one response message (dropped if the call has ended)."""
-        if not self.ended:
-            self.conn.send(self, _prefixed(message.SerializeToString()), None)
-
-    async def drain(self) -> None:
-        """Wait while the peer or the socket is not taking this call's bytes."""
-        conn = self.conn
-        while not self.ended and (self.pending or conn.write_paused):
-            await conn.wait_writable()
-
-    async def requests(self) -> AsyncIterator[Any]:
-        """The client's messages, parsed, until it half-closes; raises TritiumError-free
-        ``ValueError`` for a message that cannot be parsed."""
-        parse = self.rpc.request_type.FromString
-        while True:
-            if self.messages:
-                yield _parse(parse, self.messages.popleft())
-            elif self.remote_closed or self.ended:
-                return
-            else:
-                self._waiter = asyncio.get_running_loop().create_future()
-                await self._waiter
-
-    # -- for the connection --------------------------------------------------------------
-    def wake(self) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
-class BadMessage(Exception):
-    """A request message that does not parse as the method's request type."""
-
-
-def _parse(parse: Callable[[bytes], Any], data: bytes) -> Any:
-    try:
-        return parse(data)
-    except DecodeError as exc:
-        raise BadMessage(f"request message does not parse: {exc}") from None
-
 
 class ConnectionRegistry:
     """The server's live connections and a wait for them to have no calls."""
@@ -424,7 +287,7 @@ class GrpcConnection(asyncio.Protocol):
         path = headers.get(":path", "")
         content_type = headers.get("content-type", "")
         if headers.get(":method") != "POST" or not content_type.startswith("application/grpc"):
-            block = _block((b":status", b"415"), (b"content-type", b"text/plain"))
+            block = header_block((b":status", b"415"), (b"content-type", b"text/plain"))
             self._out.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, stream_id, block))
             if not ended:
                 self._out.append(rst_stream(stream_id, H2Error.NO_ERROR))
@@ -455,7 +318,7 @@ class GrpcConnection(asyncio.Protocol):
             self._remote_closed(call)
 
     def _refuse(self, stream_id: int, ended: bool, status: GrpcStatus, message: str) -> None:
-        block = _trailers(status, message, headers_sent=False)
+        block = trailers_block(status, message, headers_sent=False)
         self._out.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, stream_id, block))
         if not ended:
             self._out.append(rst_stream(stream_id, H2Error.NO_ERROR))
@@ -536,7 +399,7 @@ class GrpcConnection(asyncio.Protocol):
                       f"a unary method takes exactly one request message, got {count}")
             return
         try:
-            request = _parse(rpc.request_type.FromString, call.messages.popleft())
+            request = parse_message(rpc.request_type.FromString, call.messages.popleft())
         except BadMessage as exc:
             self._end(call, GrpcStatus.INVALID_ARGUMENT, str(exc))
             return
@@ -636,7 +499,7 @@ class GrpcConnection(asyncio.Protocol):
         parts: list[bytes] = []
         if not call.headers_sent:
             call.headers_sent = True
-            parts.append(frame(FrameType.HEADERS, END_HEADERS, call.stream_id, _RESPONSE_HEADERS))
+            parts.append(frame(FrameType.HEADERS, END_HEADERS, call.stream_id, RESPONSE_HEADERS))
         if call.pending:
             call.pending.append(data)
         else:
@@ -721,9 +584,9 @@ class GrpcConnection(asyncio.Protocol):
             call.pending.clear()
             self._blocked.pop(call.stream_id, None)
         if status == GrpcStatus.OK and not message and call.headers_sent:
-            trailers = _OK_TRAILERS
+            trailers = OK_TRAILERS
         else:
-            trailers = _trailers(status, message, call.headers_sent)
+            trailers = trailers_block(status, message, call.headers_sent)
         call.headers_sent = True
         if call.pending:
             call.trailers = trailers  # follows the data still waiting for credit
@@ -795,7 +658,7 @@ class GrpcConnection(asyncio.Protocol):
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
-        self.send(call, _prefixed(reply.SerializeToString()), _OK_TRAILERS)
+        self.send(call, length_prefixed(reply.SerializeToString()), OK_TRAILERS)
         if not call.pending:
             self._forget(call)
 
@@ -820,6 +683,9 @@ class GrpcConnection(asyncio.Protocol):
     def go_away(self) -> None:
         """Refuse new streams; close once the calls in flight have finished."""
         if self._closed or self._going_away:
+            return
+        if not self._preface_seen:  # not an HTTP/2 connection yet: nothing to say
+            self._close_transport()
             return
         self._going_away = True
         self.transport.write(goaway(self._last_stream, H2Error.NO_ERROR))

@@ -10,6 +10,8 @@ import gzip
 import struct
 import zlib
 
+import hpack
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
@@ -198,3 +200,36 @@ def decompress(data: bytes, encoding: str, limit: int) -> bytes:
     if not inflater.eof or inflater.unused_data:
         raise ValueError(f"corrupt {encoding} message: truncated or followed by extra bytes")
     return out
+
+
+# Header blocks the server sends. The encoder never adds to its dynamic table, so a block
+# encoded once is valid on every connection.
+_ENCODER = hpack.Encoder()
+
+
+def header_block(*headers: tuple[bytes, bytes]) -> bytes:
+    """An HPACK block of literal fields that leaves both tables as they were."""
+    return _ENCODER.encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers],
+                           huffman=False)
+
+
+RESPONSE_HEADERS = header_block((b":status", b"200"), (b"content-type", b"application/grpc"),
+                           (b"grpc-accept-encoding", ACCEPTED_ENCODINGS))
+OK_TRAILERS = header_block((b"grpc-status", b"0"))
+_MAX_STATUS_MESSAGE = 4096
+
+
+def trailers_block(status: int, message: str, headers_sent: bool) -> bytes:
+    """The block that ends a call (with the response headers when none were sent)."""
+    fields = [(b"grpc-status", str(int(status)).encode())]
+    if message:
+        fields.append((b"grpc-message", encode_status_message(message[:_MAX_STATUS_MESSAGE])))
+    if not headers_sent:  # trailers-only response
+        fields = [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                  (b"grpc-accept-encoding", ACCEPTED_ENCODINGS), *fields]
+    return header_block(*fields)
+
+
+def length_prefixed(body: bytes) -> bytes:
+    """A gRPC message on the wire: uncompressed flag, 4-byte length, bytes."""
+    return b"\x00" + len(body).to_bytes(4, "big") + body

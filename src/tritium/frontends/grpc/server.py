@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 
 from tritium.core.service import InferenceService
-from tritium.frontends.grpc.connection import ConnectionRegistry, GrpcConnection, GrpcLimits
+from tritium.frontends.grpc.call import GrpcLimits
+from tritium.frontends.grpc.connection import ConnectionRegistry, GrpcConnection
 from tritium.frontends.grpc.http2 import GrpcStatus
 from tritium.frontends.grpc.servicer import HealthServicer, InferenceServicer, router
 

@@ -15,7 +15,7 @@ from tritium.core.request import InferenceRequest
 from tritium.core.response import ResponseStream
 from tritium.core.service import InferenceService
 from tritium.frontends.grpc import codec
-from tritium.frontends.grpc.connection import Call, Router, Rpc
+from tritium.frontends.grpc.call import Call, Router, Rpc
 
 log = logging.getLogger("tritium.grpc")
 
