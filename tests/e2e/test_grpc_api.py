@@ -305,3 +305,16 @@ def test_aio_client(server: TritiumProcess) -> None:
             assert info.value.status() == "StatusCode.INTERNAL"
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_client_compressed_requests(client: grpcclient.InferenceServerClient,
+                                    algorithm: str) -> None:
+    # A large, compressible tensor so grpc really compresses it (it skips tiny messages).
+    data = np.zeros(256 * 1024, dtype=np.float32)
+    data[::7] = 3.0
+    tensor = grpcclient.InferInput("INPUT0", [data.size], "FP32")
+    tensor.set_data_from_numpy(data)
+    result = client.infer("identity_fp32", [tensor], compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+
