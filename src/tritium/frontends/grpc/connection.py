@@ -67,6 +67,7 @@ _HEADER_CACHE_SIZE = 64
 # already started answer nobody.
 _CALL_BROKEN = CancelReason.CLIENT_CANCELLED
 
+
 class ConnectionRegistry:
     """The server's live connections and a wait for them to have no calls."""
 

@@ -214,7 +214,7 @@ def header_block(*headers: tuple[bytes, bytes]) -> bytes:
 
 
 RESPONSE_HEADERS = header_block((b":status", b"200"), (b"content-type", b"application/grpc"),
-                           (b"grpc-accept-encoding", ACCEPTED_ENCODINGS))
+                                (b"grpc-accept-encoding", ACCEPTED_ENCODINGS))
 OK_TRAILERS = header_block((b"grpc-status", b"0"))
 _MAX_STATUS_MESSAGE = 4096
 
