@@ -1,8 +1,10 @@
-"""Events per second that /generate_stream delivers from a model sending as fast as it can.
+"""Responses per second a decoupled model's stream delivers when it sends as fast as it can,
+over HTTP /generate_stream (SSE) and gRPC ModelStreamInfer.
 
 Starts ``tritium serve`` on a temporary repository holding the test suite's ``repeat``
-model (decoupled, one response per index, no delay) and reads the SSE stream with a raw
-socket, counting ``data:`` events.
+model (decoupled, one response per index, no delay). The SSE stream is read with a raw socket,
+counting ``data:`` events; the gRPC stream with a grpc.aio channel, leaving responses
+unparsed.
 
     python bench/generate_stream.py [--events 50000] [--streams 1 4]
 """
@@ -49,8 +51,26 @@ async def stream(port: int, events: int) -> int:
     return seen + tail.count(b"data: ")
 
 
-async def run(port: int, events: int, streams: int) -> int:
-    counts = await asyncio.gather(*(stream(port, events) for _ in range(streams)))
+async def grpc_stream(url: str, events: int) -> int:
+    import grpc
+    import numpy as np
+    from tritonclient.grpc import service_pb2 as pb
+
+    message = pb.ModelInferRequest(model_name="repeat")
+    message.inputs.add(name="INPUT0", datatype="INT32", shape=[1])
+    message.raw_input_contents.append(np.array([events], dtype=np.int32).tobytes())
+    async with grpc.aio.insecure_channel(url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        seen = 0
+        async for _ in call(iter([message.SerializeToString()])):  # bytes in, bytes out
+            seen += 1
+    return seen
+
+
+async def run(server: TritiumProcess, protocol: str, events: int, streams: int) -> int:
+    one = (lambda: stream(server.http_port, events)) if protocol == "http" else (
+        lambda: grpc_stream(server.grpc_url, events))
+    counts = await asyncio.gather(*(one() for _ in range(streams)))
     return sum(counts)
 
 
@@ -66,16 +86,17 @@ def main() -> None:
         add_model(repo, "repeat", "repeat", CONFIG)
         server = TritiumProcess(repo).start()
         try:
-            uvloop.run(run(server.http_port, 1000, 1))  # warm up
-            for streams in args.streams:
-                cpu = cpu_seconds(server.pid)
-                started = time.perf_counter()
-                total = uvloop.run(run(server.http_port, args.events, streams))
-                wall = time.perf_counter() - started
-                cpu = cpu_seconds(server.pid) - cpu
-                print(f"generate_stream  streams={streams:<2d} {total / wall:9.0f} events/s  "
-                      f"server CPU {cpu / total * 1e6:6.1f} µs/event  ({total} events)",
-                      flush=True)
+            for protocol, label in (("http", "generate_stream"), ("grpc", "ModelStreamInfer")):
+                uvloop.run(run(server, protocol, 1000, 1))  # warm up
+                for streams in args.streams:
+                    cpu = cpu_seconds(server.pid)
+                    started = time.perf_counter()
+                    total = uvloop.run(run(server, protocol, args.events, streams))
+                    wall = time.perf_counter() - started
+                    cpu = cpu_seconds(server.pid) - cpu
+                    print(f"{label:16s} streams={streams:<2d} {total / wall:9.0f} events/s  "
+                          f"server CPU {cpu / total * 1e6:6.1f} µs/event  ({total} events)",
+                          flush=True)
         finally:
             server.stop()
 
