@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
              "compute in Python, but starves models that compute in native threads")
     add("--python-threads-core", type=_thread_core, default="auto",
         help="the core the event loop and idle model instance threads share (model code "
-             "itself runs on every core): auto (the core the server starts on), a core "
+             "itself runs on every core): auto (the idlest core at startup), a core "
              "number, or none to leave threads where the OS puts them")
     return parser
 

@@ -106,3 +106,16 @@ def test_widen_and_narrow_move_between_every_core_and_home() -> None:
         return wide, frozenset(os.sched_getaffinity(0))
 
     assert in_thread(masks) == (ALLOWED, frozenset({home}))
+
+
+def test_auto_prefers_the_idlest_core_and_its_own_on_a_tie(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritium.execution import placement
+
+    samples = iter([{0: 100, 1: 100, 2: 100}, {0: 101, 1: 105, 2: 105}])
+    monkeypatch.setattr(placement, "_idle_ticks", lambda: next(samples))
+    assert placement._idlest_core(frozenset({0, 1, 2}), preferred=2, sample_s=0) == 2
+    samples = iter([{0: 100, 1: 100}, {0: 101, 1: 105}])
+    assert placement._idlest_core(frozenset({0, 1}), preferred=0, sample_s=0) == 1
+    samples = iter([{}, {}])  # /proc/stat unreadable
+    assert placement._idlest_core(frozenset({3, 5}), preferred=-1, sample_s=0) == 3

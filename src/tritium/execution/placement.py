@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger("tritium.execution")
@@ -33,7 +34,8 @@ class ThreadPlacement:
 
     @classmethod
     def choose(cls, setting: str) -> ThreadPlacement:
-        """``setting``: "auto" (the core this thread last ran on), a core number, or "none".
+        """``setting``: "auto" (the idlest core, preferring the one this thread runs on), a
+        core number, or "none".
         Raises ValueError for a core the process may not use."""
         if setting == "none" or not hasattr(os, "sched_setaffinity"):
             return cls()
@@ -41,9 +43,7 @@ class ThreadPlacement:
         if setting == "auto":
             if len(allowed) < 2:
                 return cls()  # nothing to choose between
-            home = _current_core()
-            if home not in allowed:
-                home = min(allowed)
+            home = _idlest_core(allowed, _current_core())
         else:
             home = int(setting)
             if home not in allowed:
@@ -111,6 +111,36 @@ def _set(cores: frozenset[int]) -> None:
         os.sched_setaffinity(0, cores)
     except OSError as exc:  # a cgroup may have taken cores away since startup
         log.debug("cannot set thread affinity to %s: %s", sorted(cores), exc)
+
+
+def _idlest_core(allowed: frozenset[int], preferred: int, sample_s: float = 0.05) -> int:
+    """The allowed core that was idle longest over a short sample (``preferred`` on a tie),
+    so a server does not settle on a core another process keeps busy."""
+    before = _idle_ticks()
+    time.sleep(sample_s)
+    after = _idle_ticks()
+    if not before or not after:
+        return preferred if preferred in allowed else min(allowed)
+
+    def idleness(core: int) -> tuple[int, bool]:
+        return after.get(core, 0) - before.get(core, 0), core == preferred
+
+    return max(sorted(allowed), key=idleness)
+
+
+def _idle_ticks() -> dict[int, int]:
+    """Idle plus iowait ticks per core, from /proc/stat ({} where it cannot be read)."""
+    ticks: dict[int, int] = {}
+    try:
+        with open("/proc/stat") as stat:
+            for line in stat:
+                name, _, rest = line.partition(" ")
+                if name.startswith("cpu") and name[3:].isdigit():
+                    fields = rest.split()
+                    ticks[int(name[3:])] = int(fields[3]) + int(fields[4])
+    except (OSError, IndexError, ValueError):
+        return {}
+    return ticks
 
 
 def _current_core() -> int:
