@@ -83,10 +83,10 @@ class Call:
         self.remote_closed = False
         self.headers_sent = False
         self.send_window = send_window
-        self.pending: deque[bytes] = deque()  # bytes waiting for flow-control credit
+        self.pending: deque[bytes | memoryview] = deque()  # bytes waiting for flow-control credit
         self.trailers: bytes | None = None  # sent once ``pending`` is empty
         self.inbuf = bytearray()
-        self.messages: deque[bytes] = deque()
+        self.messages: deque[bytes | memoryview] = deque()
         self.recv_unacked = 0
         self._waiter: asyncio.Future[None] | None = None
 
@@ -126,7 +126,7 @@ class BadMessage(Exception):
     """A request message that does not parse as the method's request type."""
 
 
-def parse_message(parse: Callable[[bytes], Any], data: bytes) -> Any:
+def parse_message(parse: Callable[[bytes | memoryview], Any], data: bytes | memoryview) -> Any:
     try:
         return parse(data)
     except DecodeError as exc:

@@ -39,6 +39,7 @@ from tritium.frontends.grpc.http2 import (
     PREFACE,
     PRIORITY,
     RESPONSE_HEADERS,
+    Chunk,
     FrameType,
     GrpcStatus,
     H2Error,
@@ -161,20 +162,35 @@ class GrpcConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
-        buf += data
-        if not self._preface_seen and not self._take_preface(buf):
-            return
+        if not self._preface_seen:
+            buf += data
+            if not self._take_preface(buf):
+                return
+            data, buf[:] = bytes(buf), b""
+        elif buf:
+            buf += data
+            if not self._frame_complete(buf):
+                return  # a large frame still arriving: no copy until it is whole
+            data, buf[:] = bytes(buf), b""
         try:
-            pos = self._read_frames(buf)
+            pos = self._read_frames(data)
         except ProtocolViolation as exc:
             self._fail(exc.code, str(exc))
             return
         if self._closed:
             return
-        del buf[:pos]
+        if pos < len(data):
+            buf += memoryview(data)[pos:]
         if self._out:
             self.transport.write(b"".join(self._out))
             self._out.clear()
+
+    def _frame_complete(self, buf: bytearray) -> bool:
+        """Whether ``buf`` holds at least one whole frame (or an oversized header)."""
+        if len(buf) < 9:
+            return False
+        length = int.from_bytes(buf[:3], "big")
+        return length > self._limits.max_frame_bytes or len(buf) >= 9 + length
 
     def _take_preface(self, buf: bytearray) -> bool:
         """True once the client's connection preface has been read off ``buf``."""
@@ -188,41 +204,39 @@ class GrpcConnection(asyncio.Protocol):
         self._open()
         return True
 
-    def _read_frames(self, buf: bytearray) -> int:
-        """Handle every whole frame in ``buf``; returns how many bytes they took."""
-        pos, size = 0, len(buf)
+    def _read_frames(self, data: bytes) -> int:
+        """Handle every whole frame in ``data``; returns how many bytes they took. Payloads
+        are views of ``data`` (immutable), so a large DATA frame is not copied here."""
+        pos, size = 0, len(data)
         max_frame = self._limits.max_frame_bytes
         unpack = FRAME_HEADER.unpack_from
-        view = memoryview(buf)
-        try:
-            while size - pos >= 9:
-                word, flags, stream_id = unpack(buf, pos)
-                length = word >> 8
-                if length > max_frame:
-                    raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR,
-                                            f"frame of {length} bytes exceeds {max_frame}")
-                end = pos + 9 + length
-                if end > size:
-                    break
-                kind = word & 0xFF
-                stream_id &= 0x7FFFFFFF
-                payload = bytes(view[pos + 9:end])
-                pos = end
-                if self._continuing is not None and kind != FrameType.CONTINUATION:
-                    raise ProtocolViolation(H2Error.PROTOCOL_ERROR,
-                                            "header block interrupted by another frame")
-                if kind == FrameType.DATA:
-                    self._on_data(stream_id, flags, payload)
-                elif kind == FrameType.HEADERS:
-                    self._on_headers(stream_id, flags, payload)
-                else:
-                    handler = self._control.get(kind)
-                    if handler is not None:  # PRIORITY and unknown types are ignored
-                        handler(stream_id, flags, payload)
-                if self._closed:
-                    break
-        finally:
-            view.release()  # the buffer is resized next; a live view would forbid it
+        view = memoryview(data)
+        while size - pos >= 9:
+            word, flags, stream_id = unpack(data, pos)
+            length = word >> 8
+            if length > max_frame:
+                raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR,
+                                        f"frame of {length} bytes exceeds {max_frame}")
+            end = pos + 9 + length
+            if end > size:
+                break
+            kind = word & 0xFF
+            stream_id &= 0x7FFFFFFF
+            payload = view[pos + 9:end]
+            pos = end
+            if self._continuing is not None and kind != FrameType.CONTINUATION:
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR,
+                                        "header block interrupted by another frame")
+            if kind == FrameType.DATA:
+                self._on_data(stream_id, flags, payload)
+            elif kind == FrameType.HEADERS:
+                self._on_headers(stream_id, flags, bytes(payload))
+            else:
+                handler = self._control.get(kind)
+                if handler is not None:  # PRIORITY and unknown types are ignored
+                    handler(stream_id, flags, bytes(payload))
+            if self._closed:
+                break
         return pos
 
     # -- inbound frames ------------------------------------------------------------------
@@ -324,7 +338,7 @@ class GrpcConnection(asyncio.Protocol):
         if not ended:
             self._out.append(rst_stream(stream_id, H2Error.NO_ERROR))
 
-    def _on_data(self, stream_id: int, flags: int, payload: bytes) -> None:
+    def _on_data(self, stream_id: int, flags: int, payload: memoryview) -> None:
         self._recv_unacked += len(payload)
         if self._recv_unacked >= self._limits.connection_window // 2:
             self._out.append(window_update(0, self._recv_unacked))
@@ -347,36 +361,39 @@ class GrpcConnection(asyncio.Protocol):
         if flags & END_STREAM:
             self._remote_closed(call)
 
-    def _take_messages(self, call: Call, data: bytes) -> bool:
+    def _take_messages(self, call: Call, data: memoryview) -> bool:
         """Split the stream's bytes into messages; False if the call ended over a bad one."""
         inbuf = call.inbuf
+        limit = self._limits.max_message_bytes
         if not inbuf and len(data) >= 5 and len(data) == 5 + int.from_bytes(data[1:5], "big"):
-            chunks = [data]  # the usual case: exactly one whole message in this frame
+            chunks: list[memoryview] = [data]  # usual: one whole message in this frame
         else:
             inbuf += data
             chunks = []
             while len(inbuf) >= 5:
                 size = int.from_bytes(inbuf[1:5], "big")
-                if size > self._limits.max_message_bytes:
+                if size > limit or len(inbuf) < 5 + size:
                     break
-                if len(inbuf) < 5 + size:
+                if len(inbuf) == 5 + size:  # the buffer is exactly this message: keep it
+                    chunks.append(memoryview(inbuf))
+                    inbuf = call.inbuf = bytearray()
                     break
-                chunks.append(bytes(inbuf[:5 + size]))
+                chunks.append(memoryview(bytes(inbuf[:5 + size])))
                 del inbuf[:5 + size]
-        if len(inbuf) >= 5 and int.from_bytes(inbuf[1:5], "big") > self._limits.max_message_bytes:
+        if len(inbuf) >= 5 and int.from_bytes(inbuf[1:5], "big") > limit:
             self._end(call, GrpcStatus.RESOURCE_EXHAUSTED,
                       f"received message larger than max ({int.from_bytes(inbuf[1:5], 'big')}"
-                      f" vs. {self._limits.max_message_bytes})", _CALL_BROKEN)
+                      f" vs. {limit})", _CALL_BROKEN)
             return False
         for chunk in chunks:
-            message = chunk[5:]
+            message: bytes | memoryview = chunk[5:]
             if chunk[0]:
                 if call.encoding == "identity":
                     self._end(call, GrpcStatus.INTERNAL,
                               "compressed message without a grpc-encoding", _CALL_BROKEN)
                     return False
                 try:
-                    message = decompress(message, call.encoding, self._limits.max_message_bytes)
+                    message = decompress(message, call.encoding, limit)
                 except ValueError as exc:
                     self._end(call, GrpcStatus.INTERNAL, str(exc), _CALL_BROKEN)
                     return False
@@ -497,7 +514,7 @@ class GrpcConnection(asyncio.Protocol):
         control allows; the rest goes out as the peer grants credit."""
         if self._closed:
             return
-        parts: list[bytes] = []
+        parts: list[Chunk] = []
         if not call.headers_sent:
             call.headers_sent = True
             parts.append(frame(FrameType.HEADERS, END_HEADERS, call.stream_id, RESPONSE_HEADERS))
@@ -513,9 +530,10 @@ class GrpcConnection(asyncio.Protocol):
             else:
                 parts.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, call.stream_id,
                                    trailers))
-        self.transport.write(b"".join(parts))
+        self._write_parts(parts)
 
-    def _frame_data(self, call: Call, data: bytes, parts: list[bytes]) -> bytes | None:
+    def _frame_data(self, call: Call, data: bytes | memoryview, parts: list[Chunk]
+                    ) -> bytes | memoryview | None:
         """Frame what the windows allow into ``parts``; returns the rest."""
         stream_id = call.stream_id
         if len(data) <= DEFAULT_MAX_FRAME and len(data) <= self._send_window and \
@@ -524,20 +542,21 @@ class GrpcConnection(asyncio.Protocol):
             self._send_window -= len(data)
             call.send_window -= len(data)
             return None
-        view = memoryview(data)
+        view = memoryview(data)  # of immutable bytes: slices are written without copies
         while view:
             size = min(len(view), DEFAULT_MAX_FRAME, self._send_window, call.send_window)
             if size <= 0:
                 self._blocked[stream_id] = call
-                return bytes(view)
-            parts.append(frame(FrameType.DATA, 0, stream_id, bytes(view[:size])))
+                return view
+            parts.append(FRAME_HEADER.pack((size << 8) | FrameType.DATA, 0, stream_id))
+            parts.append(view[:size])
             self._send_window -= size
             call.send_window -= size
             view = view[size:]
         return None
 
     def _pump(self, call: Call) -> None:
-        parts: list[bytes] = []
+        parts: list[Chunk] = []
         pending = call.pending
         self._blocked.pop(call.stream_id, None)
         while pending:
@@ -550,12 +569,18 @@ class GrpcConnection(asyncio.Protocol):
             parts.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, call.stream_id,
                                call.trailers or b""))
             call.trailers = None
-        if parts:
-            self._out_or_write(b"".join(parts))
+        if parts and not self._closed:
+            self._write_parts(parts)
         if finished:
             self._close(call, None)
         if not pending:
             self._wake_writers()
+
+    def _write_parts(self, parts: list[Chunk]) -> None:
+        if len(parts) <= 3:  # a small response: one buffer is cheapest
+            self.transport.write(b"".join(parts))
+        else:  # large data: its views go to the socket without being joined
+            self.transport.writelines(parts)
 
     def _pump_blocked(self) -> None:
         for call in list(self._blocked.values()):

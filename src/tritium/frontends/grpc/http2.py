@@ -9,10 +9,14 @@ import enum
 import gzip
 import struct
 import zlib
+from typing import TypeAlias, TypeVar
 
 import hpack
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+Buffer = TypeVar("Buffer", bytes, memoryview)
+Chunk: TypeAlias = bytes | memoryview  # what the socket is handed
 
 
 class FrameType(enum.IntEnum):
@@ -78,7 +82,7 @@ MAX_FRAME_LIMIT = 2**24 - 1
 FRAME_HEADER = struct.Struct(">IBI")
 
 
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+def frame(kind: int, flags: int, stream_id: int, payload: Chunk = b"") -> bytes:
     """One frame: 24-bit length, type, flags, 31-bit stream id, payload."""
     return FRAME_HEADER.pack((len(payload) << 8) | kind, flags, stream_id) + payload
 
@@ -108,7 +112,7 @@ def goaway(last_stream_id: int, code: H2Error, debug: str = "") -> bytes:
     return frame(FrameType.GOAWAY, 0, 0, payload)
 
 
-def strip_padding(payload: bytes, flags: int) -> bytes:
+def strip_padding(payload: Buffer, flags: int) -> Buffer:
     """The frame's content without its pad length octet and padding."""
     if not flags & PADDED:
         return payload
@@ -182,7 +186,7 @@ def encode_status_message(message: str) -> bytes:
 ACCEPTED_ENCODINGS = b"identity,deflate,gzip"
 
 
-def decompress(data: bytes, encoding: str, limit: int) -> bytes:
+def decompress(data: bytes | memoryview, encoding: str, limit: int) -> bytes:
     """A compressed message's bytes; ValueError for an unknown encoding, corrupt data or a
     result over ``limit`` bytes."""
     if encoding == "gzip":
