@@ -475,6 +475,31 @@ def test_continuation_frames_and_padding(server: TritiumProcess, raw: RawClient)
     assert first_output(response).tolist() == [3.0, 1.0]
 
 
+def test_bytes_dribbled_in_small_pieces(server: TritiumProcess) -> None:
+    # Frame headers and a large DATA frame cut at every kind of boundary, one small send
+    # each (TCP_NODELAY): the server must reassemble them whatever it reads at a time.
+    values = np.arange(40_000, dtype=np.float32)
+    message = grpc_message(infer_request("identity_fp32", values, "dribbled"))
+    raw = RawClient(grpc_port(server), {Setting.INITIAL_WINDOW_SIZE: 1 << 24})
+    try:
+        raw.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw.send(window_update(0, 1 << 24))
+        wire = (frame(FrameType.HEADERS, END_HEADERS, 1, raw.block(request_headers()))
+                + frame(FrameType.DATA, 0, 1, message[:7])
+                + frame(FrameType.DATA, END_STREAM, 1, message[7:]))
+        for start, step in ((0, 1), (40, 3), (64, 7), (200, 4096)):
+            end = {0: 40, 40: 64, 64: 200, 200: len(wire)}[start]
+            for offset in range(start, end, step):
+                raw.send(wire[offset:min(offset + step, end)])
+        reply = raw.reply(1)
+        assert reply.status == 0, reply.message
+        response = reply.infer_response()
+        assert response.id == "dribbled"
+        np.testing.assert_array_equal(first_output(response), values)
+    finally:
+        raw.close()
+
+
 def test_a_repeated_header_block_is_read_against_the_current_table(raw: RawClient) -> None:
     # The server remembers blocks made only of table references; once the table has moved,
     # the same bytes name other headers and must be decoded again.
