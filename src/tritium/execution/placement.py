@@ -39,7 +39,11 @@ class ThreadPlacement:
         Raises ValueError for a core the process may not use."""
         if setting == "none" or not hasattr(os, "sched_setaffinity"):
             return cls()
-        allowed = frozenset(os.sched_getaffinity(0))
+        try:
+            allowed = frozenset(os.sched_getaffinity(0))
+        except OSError as exc:  # a sandbox that hides CPU masks: leave threads alone
+            log.warning("thread placement off: cannot read the CPU mask (%s)", exc)
+            return cls()
         if setting == "auto":
             if len(allowed) < 2:
                 return cls()  # nothing to choose between
