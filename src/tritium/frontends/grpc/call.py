@@ -96,6 +96,11 @@ class Call:
         if not self.ended:
             self.conn.send(self, length_prefixed(message.SerializeToString()), None)
 
+    @property
+    def blocked(self) -> bool:
+        """Whether a writer should ``drain`` before sending more (cheap to ask per message)."""
+        return bool(self.pending) or self.conn.write_paused
+
     async def drain(self) -> None:
         """Wait while the peer or the socket is not taking this call's bytes."""
         conn = self.conn

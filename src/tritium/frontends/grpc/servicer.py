@@ -180,7 +180,8 @@ class StreamSession:
                 message = codec.encode_stream_response(response, request)
                 if message is not None:
                     call.write(message)
-                    await call.drain()
+                    if call.blocked:
+                        await call.drain()
         finally:
             self.in_flight.discard(request)
             if not self.in_flight and self._drained is not None and not self._drained.done():
