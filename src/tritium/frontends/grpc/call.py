@@ -22,7 +22,10 @@ StreamHandler = Callable[["Call"], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Rpc:
-    """A method: how its request messages are parsed, and the coroutine that serves it."""
+    """A method: how its request messages are parsed, and the coroutine that serves it.
+
+    A unary handler returns its reply message, or the reply already serialized as a list of
+    pieces (bytes or views) that the transport joins behind the message prefix."""
 
     request_type: Any  # a generated protobuf message class
     unary: UnaryHandler | None = None

@@ -264,12 +264,48 @@ def encode_infer_response(
     An output requested with a ``classification`` count is sent as its top classes (BYTES),
     using what the core set on ``request`` at admission: ``batched`` and ``labels``.
     """
+    message, raws = _response_without_contents(response, request)
+    message.raw_output_contents.extend(bytes(raw) for raw in raws)
+    return message
+
+
+def serialize_infer_response(
+    response: InferenceResponse, request: InferenceRequest
+) -> list[bytes | memoryview]:
+    """``encode_infer_response(...).SerializeToString()``, in pieces that view the output
+    tensors instead of copying them: through the message, a tensor is copied three times
+    (into bytes, into the message, into its serialization) before the socket copies it."""
+    message, raws = _response_without_contents(response, request)
+    pieces: list[bytes | memoryview] = [message.SerializeToString()]
+    for raw in raws:
+        # Field 6 (raw_output_contents), length-delimited: the protobuf wire format puts it
+        # after fields 1-5, exactly where the message's own serialization would.
+        pieces.append(_RAW_OUTPUT_KEY + _varint(len(raw)))
+        pieces.append(raw)
+    return pieces
+
+
+_RAW_OUTPUT_KEY = bytes(((6 << 3) | 2,))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _response_without_contents(
+    response: InferenceResponse, request: InferenceRequest
+) -> tuple[pb.ModelInferResponse, list[bytes | memoryview]]:
     message = pb.ModelInferResponse(
         model_name=request.model_name, model_version=str(request.model_version), id=request.id
     )
     wanted = _class_counts(request)
     outputs = message.outputs
-    raw = message.raw_output_contents
+    raws: list[bytes | memoryview] = []
     for tensor in response.outputs:
         if wanted is not None:
             if tensor.name not in wanted:
@@ -277,10 +313,10 @@ def encode_infer_response(
             if wanted[tensor.name]:
                 tensor = classify(tensor, wanted[tensor.name], request.batched, request.labels)
         outputs.add(name=tensor.name, datatype=tensor.datatype.wire, shape=tensor.shape)
-        raw.append(_raw_output(tensor))
+        raws.append(_raw_output(tensor))
     if response.parameters:
         set_parameters(message.parameters, response.parameters)
-    return message
+    return message, raws
 
 
 def _class_counts(request: InferenceRequest) -> dict[str, int] | None:
@@ -294,7 +330,7 @@ def _class_counts(request: InferenceRequest) -> dict[str, int] | None:
     return counts
 
 
-def _raw_output(tensor: Tensor) -> bytes:
+def _raw_output(tensor: Tensor) -> bytes | memoryview:
     data = tensor.data
     if data.size != tensor.element_count:
         raise TritiumError(
@@ -302,7 +338,7 @@ def _raw_output(tensor: Tensor) -> bytes:
             f"output '{tensor.name}' has {data.size} elements but its shape "
             f"{list(tensor.shape)} needs {tensor.element_count}",
         )
-    return bytes(tensor_bytes(tensor))  # protobuf takes bytes, not a view
+    return tensor_bytes(tensor)
 
 
 def set_parameters(target: Any, params: dict[str, Any]) -> None:

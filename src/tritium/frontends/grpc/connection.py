@@ -684,7 +684,12 @@ class GrpcConnection(asyncio.Protocol):
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
-        self.send(call, length_prefixed(reply.SerializeToString()), OK_TRAILERS)
+        if isinstance(reply, list):  # already serialized, in pieces (see Rpc)
+            size = sum(len(piece) for piece in reply)
+            body = b"".join([b"\x00", size.to_bytes(4, "big"), *reply])
+        else:
+            body = length_prefixed(reply.SerializeToString())
+        self.send(call, body, OK_TRAILERS)
         if not call.pending:
             self._forget(call)
 

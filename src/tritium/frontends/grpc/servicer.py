@@ -114,7 +114,7 @@ class InferenceServicer:
         raise _SHARED_MEMORY
 
     # -- inference -------------------------------------------------------------
-    async def ModelInfer(self, message: Any, call: Call) -> pb.ModelInferResponse:
+    async def ModelInfer(self, message: Any, call: Call) -> list[bytes | memoryview]:
         request = codec.decode_infer_request(message)
         request.cancellation = self.service.new_cancellation()
         try:
@@ -123,7 +123,7 @@ class InferenceServicer:
             # The call ended under us: client cancel, deadline, dropped connection, shutdown.
             request.cancellation.cancel(ended_reason(call))
             raise
-        return codec.encode_infer_response(response, request)
+        return codec.serialize_infer_response(response, request)
 
     async def ModelStreamInfer(self, call: Call) -> None:
         session = StreamSession(self.service, call)
