@@ -100,7 +100,10 @@ class GrpcConnection(asyncio.Protocol):
         self._limits = limits
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport
-        self._buf = bytearray()
+        self._buf = bytearray()  # until the client's preface has been read
+        self._partial: list[Chunk] = []  # an incomplete frame, in the pieces it came in
+        self._partial_size = 0
+        self._partial_needed = 0
         self._preface_seen = False
         self._decoder = hpack.Decoder(max_header_list_size=limits.max_header_list_bytes)
         self._header_cache: dict[bytes, dict[str, str]] = {}  # never mutated once stored
@@ -161,17 +164,21 @@ class GrpcConnection(asyncio.Protocol):
         self._wake_writers()
 
     def data_received(self, data: bytes) -> None:
-        buf = self._buf
         if not self._preface_seen:
+            buf = self._buf
             buf += data
             if not self._take_preface(buf):
                 return
             data, buf[:] = bytes(buf), b""
-        elif buf:
-            buf += data
-            if not self._frame_complete(buf):
-                return  # a large frame still arriving: no copy until it is whole
-            data, buf[:] = bytes(buf), b""
+        elif self._partial:
+            # Part of a frame is waiting: keep the pieces until the frame is whole, then
+            # join them once (a large DATA frame arrives over many reads).
+            self._partial.append(data)
+            self._partial_size += len(data)
+            if self._partial_size < self._partial_needed:
+                return
+            data = b"".join(self._partial)
+            self._partial.clear()
         try:
             pos = self._read_frames(data)
         except ProtocolViolation as exc:
@@ -180,17 +187,17 @@ class GrpcConnection(asyncio.Protocol):
         if self._closed:
             return
         if pos < len(data):
-            buf += memoryview(data)[pos:]
+            self._keep_partial(memoryview(data)[pos:])
         if self._out:
             self.transport.write(b"".join(self._out))
             self._out.clear()
 
-    def _frame_complete(self, buf: bytearray) -> bool:
-        """Whether ``buf`` holds at least one whole frame (or an oversized header)."""
-        if len(buf) < 9:
-            return False
-        length = int.from_bytes(buf[:3], "big")
-        return length > self._limits.max_frame_bytes or len(buf) >= 9 + length
+    def _keep_partial(self, rest: memoryview) -> None:
+        """Hold an incomplete frame until ``_partial_needed`` bytes of it have arrived (its
+        whole length once its header is in; ``_read_frames`` has checked that length)."""
+        self._partial.append(rest)
+        self._partial_size = len(rest)
+        self._partial_needed = 9 + int.from_bytes(rest[:3], "big") if len(rest) >= 9 else 9
 
     def _take_preface(self, buf: bytearray) -> bool:
         """True once the client's connection preface has been read off ``buf``."""
