@@ -16,6 +16,7 @@ from tritium.core.service import InferenceService
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.frontends.grpc.server import GrpcServer, start_grpc_server
+from tritium.frontends.grpc.servicer import HealthServicer, InferenceServicer, router
 from tritium.frontends.http.handlers import HttpApi
 from tritium.frontends.http.transport import HttpLimits, HttpServer, start_http_server
 from tritium.metrics.server import MetricsServer
@@ -106,7 +107,8 @@ async def _start_http(config: ServerConfig, service: InferenceService) -> HttpSe
 
 
 async def _start_grpc(config: ServerConfig, service: InferenceService) -> GrpcServer:
-    server = await start_grpc_server(service, config.grpc_address, config.grpc_port)
+    routes = router(InferenceServicer(service), HealthServicer(service))
+    server = await start_grpc_server(routes, config.grpc_address, config.grpc_port)
     log.info("gRPC endpoint listening on %s:%d", config.grpc_address, server.port)
     return server
 

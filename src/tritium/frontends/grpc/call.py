@@ -58,6 +58,7 @@ class Call:
         "deadline",
         "encoding",
         "ended",
+        "headers",
         "headers_sent",
         "inbuf",
         "messages",
@@ -73,8 +74,9 @@ class Call:
     )
 
     def __init__(self, conn: GrpcConnection, stream_id: int, rpc: Rpc, encoding: str,
-                 send_window: int):
+                 send_window: int, headers: dict[str, str]):
         self.conn = conn
+        self.headers = headers  # the request's header fields, names in lower case
         self.stream_id = stream_id
         self.rpc = rpc
         self.encoding = encoding

@@ -323,7 +323,7 @@ class GrpcConnection(asyncio.Protocol):
             self._refuse(stream_id, ended, GrpcStatus.UNIMPLEMENTED,
                          f"unsupported grpc-encoding '{encoding}'")
             return
-        call = Call(self, stream_id, rpc, encoding, self._peer_initial_window)
+        call = Call(self, stream_id, rpc, encoding, self._peer_initial_window, headers)
         self.calls[stream_id] = call
         timeout = headers.get("grpc-timeout")
         if timeout is not None:

@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 
-from tritium.core.service import InferenceService
-from tritium.frontends.grpc.call import GrpcLimits
+from tritium.frontends.grpc.call import GrpcLimits, Router
 from tritium.frontends.grpc.connection import ConnectionRegistry, GrpcConnection
 from tritium.frontends.grpc.http2 import GrpcStatus
-from tritium.frontends.grpc.servicer import HealthServicer, InferenceServicer, router
 
 
 class GrpcServer:
     """A started gRPC endpoint; ``port`` is the bound port (useful when asked for 0)."""
 
-    def __init__(self, server: asyncio.Server, registry: ConnectionRegistry,
-                 servicer: InferenceServicer):
+    def __init__(self, server: asyncio.Server, registry: ConnectionRegistry):
         self._server = server
         self._registry = registry
-        self.servicer = servicer
         self.port: int = server.sockets[0].getsockname()[1]
 
     async def stop(self, grace: float) -> None:
@@ -40,18 +37,18 @@ class GrpcServer:
         await self._server.wait_closed()
 
 
-async def start_grpc_server(service: InferenceService, address: str, port: int,
-                            limits: GrpcLimits | None = None) -> GrpcServer:
-    """Bind ``address:port`` and start serving on the running event loop."""
-    servicer = InferenceServicer(service)
-    routes = router(servicer, HealthServicer(service))
+async def start_grpc_server(routes: Router, address: str, port: int, *,
+                            limits: GrpcLimits | None = None,
+                            ssl_context: ssl.SSLContext | None = None) -> GrpcServer:
+    """Bind ``address:port`` and serve ``routes`` on the running event loop (over TLS when
+    ``ssl_context`` is given)."""
     registry = ConnectionRegistry()
     chosen = limits or GrpcLimits()
     loop = asyncio.get_running_loop()
     try:
         server = await loop.create_server(
             lambda: GrpcConnection(routes, registry, chosen), address, port, backlog=1024,
-            reuse_address=True)
+            reuse_address=True, ssl=ssl_context)
     except OSError as exc:
         raise OSError(f"gRPC endpoint cannot bind {address}:{port}: {exc.strerror}") from None
-    return GrpcServer(server, registry, servicer)
+    return GrpcServer(server, registry)
