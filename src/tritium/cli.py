@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tritium.config import BUNDLED_REPOSITORY, ServerConfig
+from tritium.core.restrictions import GROUP_NAMES, Restriction, parse_restrictions
 from tritium.execution.placement import ThreadPlacement, install
 from tritium.repository.manager import ControlMode
+from tritium.tls import TlsError, TlsSettings, server_context
 
 
 def _bool(text: str) -> bool:
@@ -95,7 +97,53 @@ def build_parser() -> argparse.ArgumentParser:
         help="the core the event loop and idle model instance threads share (model code "
              "itself runs on every core): auto (the idlest core at startup), a core "
              "number, or none to leave threads where the OS puts them")
+    _add_access_flags(serve)
     return parser
+
+
+def _add_access_flags(serve: argparse.ArgumentParser) -> None:
+    add = serve.add_argument
+    add("--http-restricted-api", action="append", default=[], metavar="API[,API...]:KEY=VALUE",
+        help="serve these API groups only to requests with header KEY: VALUE; repeatable; "
+             f"groups: {GROUP_NAMES}")
+    add("--grpc-restricted-protocol", action="append", default=[],
+        metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
+        help="serve these gRPC groups only to calls with header triton-grpc-protocol-KEY: "
+             f"VALUE; repeatable; groups: {GROUP_NAMES}")
+    for proto, name in (("grpc", "gRPC"), ("http", "HTTP")):
+        add(f"--{proto}-use-ssl", type=_bool, default=False, help=f"serve {name} over TLS")
+        add(f"--{proto}-use-ssl-mutual", type=_bool, default=False,
+            help=f"serve {name} over TLS and require a client certificate signed by "
+                 f"--{proto}-root-cert (implies --{proto}-use-ssl)")
+        add(f"--{proto}-server-cert", type=Path, default=None, help="PEM server certificate")
+        add(f"--{proto}-server-key", type=Path, default=None, help="PEM server private key")
+        add(f"--{proto}-root-cert", type=Path, default=None,
+            help="PEM root certificate that client certificates must be signed by")
+
+
+def _restrictions(option: str, specs: list[str], feature: str) -> tuple[Restriction, ...]:
+    try:
+        return parse_restrictions(specs, feature)
+    except ValueError as exc:
+        raise SystemExit(f"tritium: error: --{option}: {exc}") from None
+
+
+def _tls(args: argparse.Namespace, proto: str) -> TlsSettings | None:
+    """The listener's TLS files, checked now so that a bad one stops startup in one line."""
+    values = vars(args)
+    mutual = values[f"{proto}_use_ssl_mutual"]
+    if not (values[f"{proto}_use_ssl"] or mutual):
+        return None  # tritonserver too ignores the file flags without TLS
+    cert, key = values[f"{proto}_server_cert"], values[f"{proto}_server_key"]
+    if cert is None or key is None:
+        raise SystemExit(f"tritium: error: --{proto}-use-ssl needs --{proto}-server-cert "
+                         f"and --{proto}-server-key")
+    settings = TlsSettings(cert, key, values[f"{proto}_root_cert"], mutual)
+    try:
+        server_context(settings, [])
+    except TlsError as exc:
+        raise SystemExit(f"tritium: error: --{proto}-use-ssl: {exc}") from None
+    return settings
 
 
 def parse_config(argv: Sequence[str]) -> ServerConfig:
@@ -125,6 +173,11 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         http_max_input_size=args.http_max_input_size,
         cpu_cores=args.cpu_cores,
         python_threads_core=args.python_threads_core,
+        http_restricted_apis=_restrictions("http-restricted-api", args.http_restricted_api, "api"),
+        grpc_restricted_protocols=_restrictions(
+            "grpc-restricted-protocol", args.grpc_restricted_protocol, "protocol"),
+        http_tls=_tls(args, "http"),
+        grpc_tls=_tls(args, "grpc"),
     )
 
 

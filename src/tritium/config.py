@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritium.core.restrictions import Restriction
 from tritium.repository.manager import ControlMode
+from tritium.tls import TlsSettings
 
 BUNDLED_REPOSITORY = Path(__file__).parent / "example_repository"
 
@@ -32,3 +34,8 @@ class ServerConfig:
     http_keepalive_timeout_secs: float = 75.0
     cpu_cores: frozenset[int] | None = None
     python_threads_core: str = "auto"  # see execution/placement.py
+    # Access control: groups served only with a header (core/restrictions.py), and TLS.
+    http_restricted_apis: tuple[Restriction, ...] = ()
+    grpc_restricted_protocols: tuple[Restriction, ...] = ()
+    http_tls: TlsSettings | None = None
+    grpc_tls: TlsSettings | None = None

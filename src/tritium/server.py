@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import signal
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,13 +16,16 @@ from tritium.config import ServerConfig
 from tritium.core.service import InferenceService
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo, ModelBackend
+from tritium.frontends.grpc import restricted as grpc_restricted
 from tritium.frontends.grpc.server import GrpcServer, start_grpc_server
 from tritium.frontends.grpc.servicer import HealthServicer, InferenceServicer, router
+from tritium.frontends.http import restricted as http_restricted
 from tritium.frontends.http.handlers import HttpApi
 from tritium.frontends.http.transport import HttpLimits, HttpServer, start_http_server
 from tritium.metrics.server import MetricsServer
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.poll import RepositoryPoller
+from tritium.tls import TlsError, TlsSettings, server_context
 
 log = logging.getLogger("tritium.server")
 
@@ -52,7 +56,7 @@ async def serve(config: ServerConfig) -> int:
         http = await _start_http(config, service) if config.allow_http else None
         grpc = await _start_grpc(config, service) if config.allow_grpc else None
         metrics = _start_metrics(config, manager) if config.allow_metrics else None
-    except OSError as exc:  # the port is taken, the address is not ours, ...
+    except (OSError, TlsError) as exc:  # the port is taken, the address is not ours, ...
         log.error("cannot listen: %s", exc)
         await manager.shutdown()
         return 1
@@ -100,17 +104,33 @@ async def _start_http(config: ServerConfig, service: InferenceService) -> HttpSe
         header_timeout_s=config.http_header_timeout_secs,
         keepalive_timeout_s=config.http_keepalive_timeout_secs,
     )
-    app = HttpApi(service, config.http_max_input_size)
-    server = await start_http_server(app, config.http_address, config.http_port, limits)
-    log.info("HTTP endpoint listening on %s:%d", config.http_address, server.port)
+    app = http_restricted.restrict(HttpApi(service, config.http_max_input_size),
+                                   config.http_restricted_apis)
+    server = await start_http_server(app, config.http_address, config.http_port, limits,
+                                     ssl_context=_tls_context(config.http_tls, ["http/1.1"]))
+    log.info("HTTP endpoint listening on %s:%d%s", config.http_address, server.port,
+             _tls_note(config.http_tls))
     return server
 
 
 async def _start_grpc(config: ServerConfig, service: InferenceService) -> GrpcServer:
-    routes = router(InferenceServicer(service), HealthServicer(service))
-    server = await start_grpc_server(routes, config.grpc_address, config.grpc_port)
-    log.info("gRPC endpoint listening on %s:%d", config.grpc_address, server.port)
+    routes = grpc_restricted.restrict(router(InferenceServicer(service), HealthServicer(service)),
+                                      config.grpc_restricted_protocols)
+    server = await start_grpc_server(routes, config.grpc_address, config.grpc_port,
+                                     ssl_context=_tls_context(config.grpc_tls, ["h2"]))
+    log.info("gRPC endpoint listening on %s:%d%s", config.grpc_address, server.port,
+             _tls_note(config.grpc_tls))
     return server
+
+
+def _tls_context(settings: TlsSettings | None, alpn: list[str]) -> ssl.SSLContext | None:
+    return None if settings is None else server_context(settings, alpn)
+
+
+def _tls_note(settings: TlsSettings | None) -> str:
+    if settings is None:
+        return ""
+    return " (TLS, client certificates required)" if settings.mutual else " (TLS)"
 
 
 def _start_poller(config: ServerConfig, manager: ModelManager) -> RepositoryPoller | None:

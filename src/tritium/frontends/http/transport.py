@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 from tritium.frontends.http.connection import (
     App,
@@ -78,12 +79,14 @@ class HttpServer:
             self._sweeper = None
 
 
-async def start_http_server(app: App, host: str, port: int, limits: HttpLimits) -> HttpServer:
-    """Listen on ``host:port`` (0: any free port) and serve every request with ``app``."""
+async def start_http_server(app: App, host: str, port: int, limits: HttpLimits, *,
+                            ssl_context: ssl.SSLContext | None = None) -> HttpServer:
+    """Listen on ``host:port`` (0: any free port) and serve every request with ``app``
+    (over TLS when ``ssl_context`` is given)."""
     registry = ConnectionRegistry()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: HttpConnection(app, limits, registry), host, port, backlog=1024,
-        reuse_address=True,
+        reuse_address=True, ssl=ssl_context,
     )
     return HttpServer(server, registry, limits)
