@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tritium.core.cancellation import CancelReason
+import asyncio
+
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.request import InferenceRequest
 from tritium.scheduling.batcher import Batcher, BatchPlan
 from tritium.scheduling.clock import ManualClock
@@ -11,6 +13,11 @@ from tritium.scheduling.scheduler import ModelScheduler
 
 MS = 1_000_000
 T0 = 1_000 * MS
+
+# The scheduler registers no callbacks, so a loop that never runs can own the cancellations.
+LOOP = asyncio.new_event_loop()
+LOOP.close()
+
 
 
 class FakeInstance:
@@ -27,6 +34,7 @@ class FakeInstance:
 
 def request(name: str, batch: int = 1, arrival_ns: int = T0) -> InferenceRequest:
     r = InferenceRequest(model_name="m", inputs={}, id=name, arrival_ns=arrival_ns)
+    r.cancellation = Cancellation(LOOP)
     r.batch_size = batch
     return r
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tritium.core.cancellation import Cancellation
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import ModelState
 from tritium.core.request import InferenceRequest
@@ -85,8 +86,7 @@ def run(repo: Path, mode: ControlMode, scenario: Scenario, startup: tuple[str, .
 
 def request(model: str, value: float, service: InferenceService) -> InferenceRequest:
     data = np.array([value], dtype=np.float32)
-    return InferenceRequest(model, {"INPUT0": Tensor("INPUT0", DataType.FP32, (1,), data)},
-                            cancellation=service.new_cancellation())
+    return InferenceRequest(model, {"INPUT0": Tensor("INPUT0", DataType.FP32, (1,), data)})
 
 
 def states(manager: ModelManager) -> dict[str, tuple[ModelState, str]]:
@@ -139,7 +139,7 @@ def test_unload_drains_then_finalizes(tmp_path: Path) -> None:
         await manager.unload("m", {})
         assert states(manager)["m/1"] == (ModelState.UNLOADING, "")
         with pytest.raises(TritiumError) as caught:
-            service.submit(request("m", 1.0, service))
+            service.submit(request("m", 1.0, service), Cancellation(service.loop))
         assert caught.value.code is ErrorCode.UNAVAILABLE
         await wait_for(lambda: states(manager)["m/1"] == (ModelState.UNAVAILABLE, "unloaded"))
         assert finalized == ["m/1"]
@@ -152,7 +152,7 @@ def test_unload_cancels_a_request_that_never_finishes(tmp_path: Path) -> None:
     add_model(tmp_path, "m")
 
     async def scenario(manager: ModelManager, service: InferenceService, _: list[str]) -> None:
-        stream = service.submit(request("m", -1.0, service))
+        stream = service.submit(request("m", -1.0, service), Cancellation(service.loop))
         await manager.unload("m", {})
         async with asyncio.timeout(5):
             response = await stream.receive()
@@ -258,8 +258,8 @@ def test_shutdown_drain_cancels_what_is_left(tmp_path: Path) -> None:
     add_model(tmp_path, "m")
 
     async def scenario(manager: ModelManager, service: InferenceService, _: list[str]) -> None:
-        stuck = service.submit(request("m", -1.0, service))
-        quick = service.submit(request("m", 1.0, service))
+        stuck = service.submit(request("m", -1.0, service), Cancellation(service.loop))
+        quick = service.submit(request("m", 1.0, service), Cancellation(service.loop))
         report = await service.drain(0.2)
         assert (report.drained, report.cancelled) == (1, 1)
         assert not service.is_ready()
@@ -267,7 +267,7 @@ def test_shutdown_drain_cancels_what_is_left(tmp_path: Path) -> None:
         error = (await stuck.receive()).error
         assert error is not None and "server shutting down" in error.message
         with pytest.raises(TritiumError, match="shutting down"):
-            service.submit(request("m", 1.0, service))
+            service.submit(request("m", 1.0, service), Cancellation(service.loop))
 
     run(tmp_path, ControlMode.NONE, scenario)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -12,7 +13,7 @@ from tritonclient.grpc import model_config_pb2
 import triton_python_backend_utils as pb_utils
 from tritium.backends.python.request import ReceivedRequest, RequestContext
 from tritium.backends.python.response import to_core
-from tritium.core.cancellation import CancelReason
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest as CoreRequest
 from tritium.core.types import DataType
@@ -112,10 +113,15 @@ def test_core_deadline_maps_to_unavailable() -> None:
 
 # -- received requests -----------------------------------------------------------------
 
+# Nothing here registers a callback, so a loop that never runs can own the cancellations.
+LOOP = asyncio.new_event_loop()
+LOOP.close()
+
 
 def received(names: list[str] | None = None) -> ReceivedRequest:
     data = np.arange(3, dtype=np.int64)
     core = CoreRequest("m", {"IN": CoreTensor("IN", DataType.INT64, (3,), data)})
+    core.cancellation = Cancellation(LOOP)
     return ReceivedRequest(core, RequestContext(names or ["B", "A"], decoupled=False))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +19,6 @@ from tests.unit.test_python_backend import (
     start,
     write_model,
 )
-from tritium.backends.python.bls import ParentLink
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest
@@ -86,11 +86,14 @@ class FakeService:
     def model(self, name: str, version: int | None = None) -> Any:
         return SimpleNamespace(decoupled=name.startswith("decoupled"))
 
-    def submit(self, request: InferenceRequest, allow_decoupled: bool = True) -> ResponseStream:
+    def submit(self, request: InferenceRequest, cancellation: Cancellation,
+               allow_decoupled: bool = True) -> ResponseStream:
         if request.model_name == "missing":
             raise TritiumError(ErrorCode.NOT_FOUND, "Request for unknown model: 'missing'")
+        assert cancellation.loop is self.loop
         stream = ResponseStream(self.loop)
         request.stream = stream
+        request.cancellation = cancellation
         self.children.append(request)
         self.submitted.set()
 
@@ -98,7 +101,7 @@ class FakeService:
             assert cancellation.reason is not None
             stream.close_with(InferenceResponse.failure(cancellation.reason.to_error()))
 
-        request.cancellation.add_callback(on_cancel)
+        cancellation.add_callback(on_cancel)
         self._answer(request, stream)
         return stream
 
@@ -197,26 +200,42 @@ def test_async_exec_from_async_execute(tmp_path: Path) -> None:
     assert all(child.requested_outputs is None for child in service.children)
 
 
-def test_parent_link_with_a_batch_waits_for_every_parent() -> None:
-    parents = [Cancellation(), Cancellation()]
-    child = Cancellation()
-    link = ParentLink(parents, child)
-    parents[0].cancel(CancelReason.CLIENT_CANCELLED)
-    assert not child.is_cancelled()
-    parents[1].cancel(CancelReason.DEADLINE)
-    assert child.reason is CancelReason.PARENT_CANCELLED
-    link.close()
+def on_a_loop(scenario: Callable[[asyncio.AbstractEventLoop], None]) -> None:
+    async def main() -> None:
+        scenario(asyncio.get_running_loop())
+
+    asyncio.run(main())
 
 
-def test_parent_link_close_detaches() -> None:
-    parent, child = Cancellation(), Cancellation()
-    ParentLink([parent], child).close()
-    parent.cancel(CancelReason.CLIENT_CANCELLED)
-    assert not child.is_cancelled()
+def test_child_of_a_batch_waits_for_every_parent() -> None:
+    def scenario(loop: asyncio.AbstractEventLoop) -> None:
+        parents = [Cancellation(loop), Cancellation(loop)]
+        child = Cancellation.following(loop, parents, CancelReason.PARENT_CANCELLED)
+        parents[0].cancel(CancelReason.CLIENT_CANCELLED)
+        assert not child.is_cancelled()
+        parents[1].cancel(CancelReason.DEADLINE)
+        assert child.reason is CancelReason.PARENT_CANCELLED
+        child.detach()
+
+    on_a_loop(scenario)
+
+
+def test_detached_child_no_longer_follows() -> None:
+    def scenario(loop: asyncio.AbstractEventLoop) -> None:
+        parent = Cancellation(loop)
+        child = Cancellation.following(loop, [parent], CancelReason.PARENT_CANCELLED)
+        child.detach()
+        parent.cancel(CancelReason.CLIENT_CANCELLED)
+        assert not child.is_cancelled()
+
+    on_a_loop(scenario)
 
 
 def test_already_cancelled_parent_cancels_child_at_once() -> None:
-    parent, child = Cancellation(), Cancellation()
-    parent.cancel(CancelReason.CLIENT_CANCELLED)
-    ParentLink([parent], child)
-    assert child.reason is CancelReason.PARENT_CANCELLED
+    def scenario(loop: asyncio.AbstractEventLoop) -> None:
+        parent = Cancellation(loop)
+        parent.cancel(CancelReason.CLIENT_CANCELLED)
+        child = Cancellation.following(loop, [parent], CancelReason.PARENT_CANCELLED)
+        assert child.reason is CancelReason.PARENT_CANCELLED
+
+    on_a_loop(scenario)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from tritium.core.cancellation import CancelReason
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest, RequestStage
 from tritium.scheduling.clock import ManualClock
@@ -12,6 +14,11 @@ from tritium.scheduling.policy import QueuePolicy, TimeoutAction, TimeoutOverrid
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
 
 MS = 1_000_000
+
+# The scheduler registers no callbacks, so a loop that never runs can own the cancellations.
+LOOP = asyncio.new_event_loop()
+LOOP.close()
+
 
 
 class FakeInstance:
@@ -27,6 +34,7 @@ def request(name: str, batch: int = 1, clock: ManualClock | None = None, priorit
             timeout_us: int = 0) -> InferenceRequest:
     r = InferenceRequest(model_name="m", inputs={}, id=name, priority=priority,
                          timeout_us=timeout_us)
+    r.cancellation = Cancellation(LOOP)
     r.batch_size = batch
     if clock is not None:
         r.arrival_ns = clock.now_ns()

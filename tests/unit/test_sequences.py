@@ -3,13 +3,14 @@ tensors, cancellation of a sequence's queued requests."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from tritium.core.cancellation import CancelReason
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest, RequestStage
 from tritium.core.types import DataType
@@ -24,6 +25,11 @@ from tritium.scheduling.sequences import SequenceScheduler
 
 MS = 1_000_000
 START, END = SEQUENCE_START, SEQUENCE_END
+
+# The scheduler registers no callbacks, so a loop that never runs can own the cancellations.
+LOOP = asyncio.new_event_loop()
+LOOP.close()
+
 
 
 class FakeInstance:
@@ -51,8 +57,10 @@ def make(instances: int = 2, idle_us: int = 1_000_000, max_batch_size: int = 0,
 
 
 def request(name: str, correlation_id: int | str, flags: int = 0) -> InferenceRequest:
-    return InferenceRequest(model_name="acc", inputs={}, id=name,
-                            correlation_id=correlation_id, flags=flags)
+    r = InferenceRequest(model_name="acc", inputs={}, id=name,
+                         correlation_id=correlation_id, flags=flags)
+    r.cancellation = Cancellation(LOOP)
+    return r
 
 
 def finish(scheduler: SequenceScheduler, instance: FakeInstance) -> None:

@@ -5,6 +5,8 @@ Invariants:
 - ``is_cancelled()`` is a plain attribute read: models call it every token.
 - Callbacks run exactly once, on the event loop the cancellation was created for,
   in registration order. A callback added after the cancel runs soon after it is added.
+- A cancellation made by ``child`` or ``following`` follows its parents until it is
+  cancelled or ``detach`` is called; a parent never follows its child.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import contextlib
 import enum
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tritium.core.errors import ErrorCode, TritiumError
 
@@ -43,15 +45,20 @@ _lock = threading.Lock()
 
 
 class Cancellation:
-    """Cancel state of one request (or of a group sharing it, such as BLS children)."""
+    """Cancel state of one request, made for the event loop its callbacks run on."""
 
-    __slots__ = ("_callbacks", "_loop", "cancelled_at_ns", "reason")
+    __slots__ = ("_callbacks", "_follow", "_loop", "cancelled_at_ns", "reason")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(self, loop: asyncio.AbstractEventLoop):
         self.reason: CancelReason | None = None
         self.cancelled_at_ns = 0
         self._loop = loop
         self._callbacks: list[Callback] | None = None
+        self._follow: _Follow | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
 
     def is_cancelled(self) -> bool:
         return self.reason is not None
@@ -64,6 +71,9 @@ class Cancellation:
             self.cancelled_at_ns = time.monotonic_ns()
             self.reason = reason
             callbacks, self._callbacks = self._callbacks, None
+            follow, self._follow = self._follow, None
+        if follow is not None:
+            follow.detach()  # nothing is left to follow
         if callbacks:
             self._dispatch(callbacks)
         return True
@@ -84,16 +94,46 @@ class Cancellation:
                 with contextlib.suppress(ValueError):
                     self._callbacks.remove(callback)
 
-    def link_child(self, child: Cancellation) -> None:
-        """Make ``child`` follow this cancellation with reason PARENT_CANCELLED."""
-        def follow(_: Cancellation) -> None:
-            child.cancel(CancelReason.PARENT_CANCELLED)
+    # -- following parents ---------------------------------------------------------
+    def child(self, reason: CancelReason | None = None) -> Cancellation:
+        """A cancellation on the same loop, cancelled when this one is (with ``reason``,
+        else with this one's reason); cancelling the child alone leaves this one be."""
+        return Cancellation.following(self._loop, (self,), reason)
 
-        self.add_callback(follow)
+    @classmethod
+    def following(cls, loop: asyncio.AbstractEventLoop, parents: Sequence[Cancellation],
+                  reason: CancelReason | None = None) -> Cancellation:
+        """A cancellation cancelled once *every* one of ``parents`` is, with ``reason``
+        (else the reason of the parent cancelled last). No parents: it follows nothing.
 
+        Call ``detach`` once the child's work is over, so that no parent keeps a
+        callback for it.
+        """
+        child = cls(loop)
+        if not parents:
+            return child
+        for parent in parents:
+            if parent._loop is not loop:
+                raise ValueError("a child cancellation must share its parents' event loop")
+        if all(parent.reason is not None for parent in parents):
+            # Synchronously, even off the loop: the child must not start as if alive.
+            child.cancel(reason or parents[-1].reason)  # type: ignore[arg-type]
+            return child
+        follow = child._follow = _Follow(child, tuple(parents), reason)
+        follow.attach()
+        return child
+
+    def detach(self) -> None:
+        """Stop following parents (idempotent; a no-op for a cancellation without any)."""
+        with _lock:
+            follow, self._follow = self._follow, None
+        if follow is not None:
+            follow.detach()
+
+    # -- callbacks -----------------------------------------------------------------
     def _dispatch(self, callbacks: list[Callback]) -> None:
         loop = self._loop
-        if loop is None or _running_loop() is loop:
+        if _running_loop() is loop:
             for callback in callbacks:
                 callback(self)
         elif not loop.is_closed():
@@ -102,6 +142,34 @@ class Cancellation:
     def _run(self, callbacks: list[Callback]) -> None:
         for callback in callbacks:
             callback(self)
+
+
+class _Follow:
+    """A child's callbacks on its parents: one mechanism for ``child`` and ``following``."""
+
+    __slots__ = ("_child", "_parents", "_reason")
+
+    def __init__(self, child: Cancellation, parents: tuple[Cancellation, ...],
+                 reason: CancelReason | None):
+        self._child = child
+        self._parents = parents
+        self._reason = reason
+
+    def attach(self) -> None:
+        for parent in self._parents:
+            parent.add_callback(self._on_parent_cancelled)
+        if self._child.reason is not None:
+            # Cancelled while attaching: its own detach may have run before the last add.
+            self.detach()
+
+    def detach(self) -> None:
+        for parent in self._parents:
+            parent.remove_callback(self._on_parent_cancelled)
+
+    def _on_parent_cancelled(self, parent: Cancellation) -> None:
+        if all(other.reason is not None for other in self._parents):
+            assert parent.reason is not None
+            self._child.cancel(self._reason or parent.reason)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

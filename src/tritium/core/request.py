@@ -50,7 +50,8 @@ class InferenceRequest:
     flags: int = 0
     priority: int = 0
     timeout_us: int = 0
-    cancellation: Cancellation = field(default_factory=Cancellation)
+    # The caller's, attached by ``InferenceService.submit``.
+    cancellation: Cancellation = field(init=False, repr=False)
     # Filled in by the core when the request is admitted.
     batch_size: int = 1
     batched: bool = False  # the model batches: the first dimension is the batch

@@ -158,14 +158,18 @@ class InferenceService:
             raise TritiumError(ErrorCode.INVALID_ARG, f"request for unknown model '{model_name}'")
 
     # -- inference -------------------------------------------------------------
-    def new_cancellation(self) -> Cancellation:
-        return Cancellation(self.loop)
-
-    def submit(self, request: InferenceRequest, allow_decoupled: bool = True) -> ResponseStream:
-        """Validate and admit ``request``; its responses arrive on the returned stream.
+    def submit(self, request: InferenceRequest, cancellation: Cancellation,
+               allow_decoupled: bool = True) -> ResponseStream:
+        """Validate and admit ``request``, cancelled through the caller's ``cancellation``
+        (made for this service's loop); its responses arrive on the returned stream.
 
         Raises TritiumError when the request is not admitted (nothing is queued then).
         """
+        if cancellation.loop is not self.loop:
+            # Its callbacks would run on another loop's thread, racing the scheduler.
+            raise TritiumError(
+                ErrorCode.INTERNAL, "a request's cancellation must be made for the server's loop"
+            )
         # A BLS child of a request that is still draining must be able to finish it.
         if not self.accepting and not request.internal:
             raise TritiumError(
@@ -181,28 +185,29 @@ class InferenceService:
         validate_request(request, model)
         request.model_version = model.version
         request.labels = model.labels
-        if request.cancellation.is_cancelled():
-            raise request.cancellation.reason.to_error()  # type: ignore[union-attr]
-        stream = ResponseStream(self.loop, request.cancellation)
+        if cancellation.reason is not None:
+            raise cancellation.reason.to_error()
+        request.cancellation = cancellation
+        stream = ResponseStream(self.loop, cancellation)
         request.stream = stream
         model.enqueue(request, stream)
 
-        def on_cancel(cancellation: Cancellation) -> None:
-            assert cancellation.reason is not None
+        def on_cancel(cancelled: Cancellation) -> None:
+            assert cancelled.reason is not None
             # The scheduler reads the request's stage before the stream is closed.
             model.request_cancelled(request)
-            stream.close_with(InferenceResponse.failure(cancellation.reason.to_error()))
+            stream.close_with(InferenceResponse.failure(cancelled.reason.to_error()))
 
         def on_done() -> None:
             self._in_flight.pop(request, None)
             model.request_finished(request, stream.error)
-            request.cancellation.remove_callback(on_cancel)
+            cancellation.remove_callback(on_cancel)
             if not self._in_flight and self._idle is not None:
                 self._idle.set()
 
         self._in_flight[request] = None
         stream.on_done = on_done
-        request.cancellation.add_callback(on_cancel)
+        cancellation.add_callback(on_cancel)
         return stream
 
     def in_flight(self) -> list[InferenceRequest]:
@@ -240,14 +245,16 @@ class InferenceService:
             request.cancellation.cancel(reason)
         return len(requests)
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+    async def infer(self, request: InferenceRequest, cancellation: Cancellation
+                    ) -> InferenceResponse:
         """One request, one response, for models that are not decoupled."""
-        stream = self.submit(request, allow_decoupled=False)
+        stream = self.submit(request, cancellation, allow_decoupled=False)
         return await _single_response(stream, request)
 
-    async def generate(self, request: InferenceRequest) -> InferenceResponse:
+    async def generate(self, request: InferenceRequest, cancellation: Cancellation
+                       ) -> InferenceResponse:
         """One request, exactly one response, decoupled models allowed."""
-        stream = self.submit(request, allow_decoupled=True)
+        stream = self.submit(request, cancellation, allow_decoupled=True)
         return await _single_response(stream, request)
 
 

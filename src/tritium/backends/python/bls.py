@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tritium.backends.python import scope
@@ -31,11 +30,12 @@ if TYPE_CHECKING:
 
 def exec_blocking(request: InferenceRequest) -> InferenceResponse:
     """``request.exec()``: wait on the calling thread for the child's one response."""
-    service, child, link = _start(request)
+    service, child, cancellation = _start(request)
     if _running_loop() is service.loop:
-        link.close()
+        cancellation.detach()
         raise TritonModelException("BLS exec() cannot block the server's event loop")
-    future = asyncio.run_coroutine_threadsafe(_run_single(service, child, link), service.loop)
+    future = asyncio.run_coroutine_threadsafe(
+        _run_single(service, child, cancellation), service.loop)
     return future.result()
 
 
@@ -45,17 +45,18 @@ def exec_async(request: InferenceRequest) -> asyncio.Future[Any]:
     Cancelling the returned future cancels the child request.
     """
     caller_loop = asyncio.get_running_loop()
-    service, child, link = _start(request)
-    future = asyncio.run_coroutine_threadsafe(_run_single(service, child, link), service.loop)
+    service, child, cancellation = _start(request)
+    future = asyncio.run_coroutine_threadsafe(
+        _run_single(service, child, cancellation), service.loop)
     return asyncio.wrap_future(future, loop=caller_loop)
 
 
 def exec_decoupled(request: InferenceRequest) -> ResponseIterator:
     """``request.exec(decoupled=True)``: responses arrive on an iterator as they come."""
-    service, child, link = _start(request)
+    service, child, cancellation = _start(request)
     sink: queue.SimpleQueue[CoreResponse] = queue.SimpleQueue()
-    asyncio.run_coroutine_threadsafe(_pump(service, child, link, sink), service.loop)
-    return ResponseIterator(child.cancellation, sink)
+    asyncio.run_coroutine_threadsafe(_pump(service, child, cancellation, sink), service.loop)
+    return ResponseIterator(cancellation, sink)
 
 
 class ResponseIterator:
@@ -103,42 +104,16 @@ class ResponseIterator:
             self._cancellation.cancel(CancelReason.CLIENT_CANCELLED)
 
 
-class ParentLink:
-    """Cancels ``child`` once every parent is cancelled, until ``close`` detaches it."""
-
-    __slots__ = ("_child", "_parents")
-
-    def __init__(self, parents: Sequence[Cancellation], child: Cancellation):
-        self._parents = parents
-        self._child = child
-        if parents and self._all_cancelled():
-            child.cancel(CancelReason.PARENT_CANCELLED)
-            self._parents = ()
-        for parent in self._parents:
-            parent.add_callback(self._on_parent_cancelled)
-
-    def close(self) -> None:
-        for parent in self._parents:
-            parent.remove_callback(self._on_parent_cancelled)
-
-    def _on_parent_cancelled(self, _: Cancellation) -> None:
-        if self._all_cancelled():
-            self._child.cancel(CancelReason.PARENT_CANCELLED)
-
-    def _all_cancelled(self) -> bool:
-        return all(parent.is_cancelled() for parent in self._parents)
-
-
-def _start(request: InferenceRequest) -> tuple[InferenceService, CoreRequest, ParentLink]:
+def _start(request: InferenceRequest) -> tuple[InferenceService, CoreRequest, Cancellation]:
     service = scope.current_service()
     if service is None:
         raise TritonModelException("BLS requests need a running tritium server")
-    child = child_request(request, Cancellation(service.loop))
     parents = [parent.cancellation for parent in scope.current_parents()]
-    return service, child, ParentLink(parents, child.cancellation)
+    cancellation = Cancellation.following(service.loop, parents, CancelReason.PARENT_CANCELLED)
+    return service, child_request(request), cancellation
 
 
-def child_request(request: InferenceRequest, cancellation: Cancellation) -> CoreRequest:
+def child_request(request: InferenceRequest) -> CoreRequest:
     """The core request a BLS ``InferenceRequest`` stands for (no tensor data copied)."""
     inputs: dict[str, CoreTensor] = {}
     for tensor in request._inputs:
@@ -156,7 +131,6 @@ def child_request(request: InferenceRequest, cancellation: Cancellation) -> Core
         correlation_id=request._correlation_id,
         flags=request._flags,
         timeout_us=request._timeout,
-        cancellation=cancellation,
         internal=True,
     )
 
@@ -165,18 +139,18 @@ def child_request(request: InferenceRequest, cancellation: Cancellation) -> Core
 
 
 async def _run_single(
-    service: InferenceService, child: CoreRequest, link: ParentLink
+    service: InferenceService, child: CoreRequest, cancellation: Cancellation
 ) -> InferenceResponse:
     try:
-        stream = _submit(service, child, allow_decoupled=False)
+        stream = _submit(service, child, cancellation, allow_decoupled=False)
         return await _collect_single(stream)
     except TritiumError as exc:
         return from_core(CoreResponse.failure(exc))
     except asyncio.CancelledError:
-        child.cancellation.cancel(CancelReason.CLIENT_CANCELLED)
+        cancellation.cancel(CancelReason.CLIENT_CANCELLED)
         raise
     finally:
-        link.close()
+        cancellation.detach()
 
 
 async def _collect_single(stream: ResponseStream) -> InferenceResponse:
@@ -195,25 +169,26 @@ async def _collect_single(stream: ResponseStream) -> InferenceResponse:
 async def _pump(
     service: InferenceService,
     child: CoreRequest,
-    link: ParentLink,
+    cancellation: Cancellation,
     sink: queue.SimpleQueue[CoreResponse],
 ) -> None:
     try:
-        stream = _submit(service, child, allow_decoupled=True)
+        stream = _submit(service, child, cancellation, allow_decoupled=True)
         async for response in stream:
             sink.put(response)
     except TritiumError as exc:
         sink.put(CoreResponse.failure(exc))
     except asyncio.CancelledError:
         # The server loop is going away; the reader must not wait forever.
-        child.cancellation.cancel(CancelReason.SHUTDOWN)
+        cancellation.cancel(CancelReason.SHUTDOWN)
         sink.put(CoreResponse.failure(CancelReason.SHUTDOWN.to_error()))
         raise
     finally:
-        link.close()
+        cancellation.detach()
 
 
-def _submit(service: InferenceService, child: CoreRequest, allow_decoupled: bool) -> ResponseStream:
+def _submit(service: InferenceService, child: CoreRequest, cancellation: Cancellation,
+            allow_decoupled: bool) -> ResponseStream:
     if not allow_decoupled and service.model(child.model_name, child.model_version).decoupled:
         raise TritiumError(
             ErrorCode.UNSUPPORTED,
@@ -222,7 +197,7 @@ def _submit(service: InferenceService, child: CoreRequest, allow_decoupled: bool
             "Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
             "decoupled models.",
         )
-    return service.submit(child, allow_decoupled=allow_decoupled)
+    return service.submit(child, cancellation, allow_decoupled=allow_decoupled)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

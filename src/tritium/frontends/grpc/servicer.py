@@ -9,7 +9,7 @@ from typing import Any
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
-from tritium.core.cancellation import CancelReason
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest
 from tritium.core.response import ResponseStream
@@ -116,12 +116,12 @@ class InferenceServicer:
     # -- inference -------------------------------------------------------------
     async def ModelInfer(self, message: Any, call: Call) -> list[bytes | memoryview]:
         request = codec.decode_infer_request(message)
-        request.cancellation = self.service.new_cancellation()
+        cancellation = Cancellation(self.service.loop)
         try:
-            response = await self.service.infer(request)
+            response = await self.service.infer(request, cancellation)
         except asyncio.CancelledError:
             # The call ended under us: client cancel, deadline, dropped connection, shutdown.
-            request.cancellation.cancel(ended_reason(call))
+            cancellation.cancel(ended_reason(call))
             raise
         return codec.serialize_infer_response(response, request)
 
@@ -144,7 +144,7 @@ class StreamSession:
     def __init__(self, service: InferenceService, call: Call):
         self.service = service
         self.call = call
-        self.in_flight: set[InferenceRequest] = set()
+        self.in_flight: dict[InferenceRequest, Cancellation] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self._drained: asyncio.Future[None] | None = None
 
@@ -163,12 +163,12 @@ class StreamSession:
     def _start(self, message: Any) -> None:
         try:
             request = codec.decode_infer_request(message)
-            request.cancellation = self.service.new_cancellation()
-            stream = self.service.submit(request)
+            cancellation = Cancellation(self.service.loop)
+            stream = self.service.submit(request, cancellation)
         except TritiumError as exc:
             self.call.write(codec.encode_stream_error(exc, message.id))
             return
-        self.in_flight.add(request)
+        self.in_flight[request] = cancellation
         task = asyncio.ensure_future(self._forward(request, stream))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -183,14 +183,14 @@ class StreamSession:
                     if call.blocked:
                         await call.drain()
         finally:
-            self.in_flight.discard(request)
+            self.in_flight.pop(request, None)
             if not self.in_flight and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
 
     def cancel_all(self, reason: CancelReason) -> None:
         """The call ended early: nobody will read what its requests would answer."""
-        for request in list(self.in_flight):
-            request.cancellation.cancel(reason)
+        for cancellation in list(self.in_flight.values()):
+            cancellation.cancel(reason)
 
 
 class HealthServicer:

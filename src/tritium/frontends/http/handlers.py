@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from tritium.core.cancellation import CancelReason
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import TritiumError, invalid
 from tritium.core.model import ModelMetadata
 from tritium.core.request import InferenceRequest
@@ -176,9 +176,9 @@ class HttpApi:
 
     async def generate_stream(self, exchange: HttpExchange, match: Match) -> None:
         request = self._generate_request(exchange, match)
-        request.cancellation = self.service.new_cancellation()
-        stream = self.service.submit(request)
-        leave = _canceller(request)
+        cancellation = Cancellation(self.service.loop)
+        stream = self.service.submit(request, cancellation)
+        leave = _canceller(cancellation)
         exchange.add_disconnect_callback(leave)
         try:
             started = False
@@ -215,13 +215,13 @@ class HttpApi:
         return compression.decompress_body(request.body, encoding, self.max_input_size)
 
     async def _run(self, exchange: HttpExchange, request: InferenceRequest,
-                   call: Callable[[InferenceRequest], Any]) -> Any:
+                   call: Callable[[InferenceRequest, Cancellation], Any]) -> Any:
         """Run a single-response call; a client that leaves cancels it."""
-        request.cancellation = self.service.new_cancellation()
-        leave = _canceller(request)
+        cancellation = Cancellation(self.service.loop)
+        leave = _canceller(cancellation)
         exchange.add_disconnect_callback(leave)
         try:
-            return await call(request)
+            return await call(request, cancellation)
         except TritiumError:
             if exchange.disconnected:
                 return None
@@ -230,9 +230,9 @@ class HttpApi:
             exchange.remove_disconnect_callback(leave)
 
 
-def _canceller(request: InferenceRequest) -> Callable[[], None]:
+def _canceller(cancellation: Cancellation) -> Callable[[], None]:
     def leave() -> None:
-        request.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+        cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
 
     return leave
 
