@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from tritium.repository.scan import find_models
 from tritium.repository.validation import (
     ConfigError,
     validate_instance_groups,
+    validate_model_bounds,
     validate_model_config,
     validate_model_identity,
 )
@@ -25,14 +27,18 @@ __all__ = [
     "AutoComplete",
     "ConfigError",
     "ModelConfig",
+    "PreparedConfig",
     "available_versions",
     "complete_model_config",
     "config_path",
     "config_to_json",
     "find_models",
+    "finish_model_config",
     "json_to_config",
     "load_model_config",
     "parse_model_config",
+    "prepare_model_config",
+    "read_model_config",
     "tensor_specs",
     "validate_model_config",
 ]
@@ -59,6 +65,15 @@ def config_path(model_dir: Path, config_name: str | None = None) -> Path:
     return model_dir / CONFIG_FILE
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedConfig:
+    """A config checked as far as it can be without running model code (what Triton
+    checks when it polls a model), and where it came from, for error messages."""
+
+    config: Any
+    source: str = ""  # "" for a config that came with a load request
+
+
 def load_model_config(
     model_dir: Path, auto_complete: AutoComplete | None, config_name: str | None = None
 ) -> Any:
@@ -67,11 +82,18 @@ def load_model_config(
     The file may be missing or partial when ``auto_complete`` is given; without it (the
     server runs with auto-complete disabled) a missing file is an error, as in Triton.
     """
+    prepared = read_model_config(model_dir, auto_complete is not None, config_name)
+    return finish_model_config(model_dir, prepared, auto_complete)
+
+
+def read_model_config(model_dir: Path, auto_completing: bool, config_name: str | None = None
+                      ) -> PreparedConfig:
+    """Read and prepare the configuration file of the model in ``model_dir``."""
     path = config_path(model_dir, config_name)
     if path.is_file():
         config = parse_model_config(_read(path, model_dir.name), path, model_dir.name)
         source = str(path)
-    elif auto_complete is None:
+    elif not auto_completing:
         raise ConfigError(
             f"model '{model_dir.name}' has no configuration file {path} and auto-complete "
             "is disabled"
@@ -80,7 +102,7 @@ def load_model_config(
         config = pb.ModelConfig()
         source = f"{model_dir}, which has no {path.name}"
     try:
-        return complete_model_config(model_dir, config, auto_complete)
+        return PreparedConfig(prepare_model_config(model_dir, config), source)
     except ConfigError as exc:
         raise ConfigError(f"{exc.message} (in {source})") from exc
 
@@ -96,21 +118,41 @@ def parse_model_config(text: str, path: Path, model_name: str) -> Any:
 def complete_model_config(model_dir: Path, config: Any, auto_complete: AutoComplete | None) -> Any:
     """Fill what Triton fills, run auto-complete for python models, then validate.
 
-    Also the path of a load with a ``config`` override. Returns a new message; ``config``
-    is left as it was.
+    Returns a new message; ``config`` is left as it was.
     """
+    prepared = PreparedConfig(prepare_model_config(model_dir, config))
+    return finish_model_config(model_dir, prepared, auto_complete)
+
+
+def prepare_model_config(model_dir: Path, config: Any) -> Any:
+    """Fill what Triton fills and check everything that needs no model code; returns a
+    new message. Also the first step of a load with a ``config`` override."""
     config = _copy(config)
     _check_name(config, model_dir.name)
     _fill_backend(config, model_dir)
     _normalize(config)
     _normalize_instance_groups(config)
-    # Fail before running any model code when the model can never load here.
+    # Fail before running any model code when the model can never load here, or would
+    # take more than a server can give.
     validate_model_identity(config)
     validate_instance_groups(config)
-    if auto_complete is not None:
-        config = _auto_complete(model_dir, config, auto_complete)
-        _normalize(config)
-    validate_model_config(config)
+    validate_model_bounds(config)
+    return config
+
+
+def finish_model_config(model_dir: Path, prepared: PreparedConfig,
+                        auto_complete: AutoComplete | None) -> Any:
+    """Run auto-complete (model code) on a prepared config, then validate the result."""
+    config = prepared.config
+    try:
+        if auto_complete is not None:
+            config = _auto_complete(model_dir, config, auto_complete)
+            _normalize(config)
+        validate_model_config(config)
+    except ConfigError as exc:
+        if not prepared.source:
+            raise
+        raise ConfigError(f"{exc.message} (in {prepared.source})") from exc
     return config
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,15 +20,18 @@ from typing import Any
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import IndexEntry, ModelState
+from tritium.core.names import check_model_name
 from tritium.repository.config import (
     AutoComplete,
+    PreparedConfig,
     available_versions,
-    complete_model_config,
     find_models,
-    load_model_config,
+    finish_model_config,
+    prepare_model_config,
+    read_model_config,
 )
 from tritium.repository.loaded import BackendFactory, LoadedModel
-from tritium.repository.overrides import LoadOverrides, parse_overrides, write_model_dir
+from tritium.repository.overrides import LoadOverrides, OverrideDir, parse_overrides
 from tritium.repository.poll import fingerprint
 
 log = logging.getLogger("tritium.repository")
@@ -70,8 +72,9 @@ class ModelEntry:
     reason: str = ""
     # What the directory looked like when last loaded; poll mode compares against it.
     fingerprint: tuple[Any, ...] = ()
-    # The temporary model directory a load with file overrides wrote.
-    override_dir: tempfile.TemporaryDirectory[str] | None = None
+    # The private model directory a load with file overrides wrote; removed with the
+    # versions that run from it.
+    override_dir: OverrideDir | None = None
 
 
 class ModelManager:
@@ -116,16 +119,28 @@ class ModelManager:
 
     # -- load, reload, unload ------------------------------------------------------
     async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
-        """Load or reload ``name``; returns once it is READY, raises if it failed."""
+        """Load or reload ``name``; returns once it is READY, raises if it failed.
+
+        Override files are checked completely before any is written, and a load that
+        fails leaves no directory behind.
+        """
         self._check_explicit()
-        overrides = parse_overrides(name, parameters)
+        check_model_name(name)
+        # Decoding megabytes of base64 and JSON is kept off the loop.
+        overrides = await asyncio.to_thread(parse_overrides, name, parameters)
         async with self._lock(name):
-            model_dir, holder = self._source_dir(name, overrides)
-            await self._install(name, model_dir, overrides, holder, _OnFailure.RAISE)
+            holder = await self._write_overrides(name, overrides)
+            model_dir = holder.model_dir if holder is not None else self._repository_dir(name)
+            try:
+                await self._install(name, model_dir, overrides, holder, _OnFailure.RAISE)
+            finally:
+                if holder is not None and not self._holds(name, holder):
+                    holder.remove()
 
     async def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
         """Take ``name`` out of service at once; its admitted requests drain meanwhile."""
         self._check_explicit()
+        check_model_name(name)
         async with self._lock(name):
             self._retire_entry(name)
 
@@ -164,11 +179,23 @@ class ModelManager:
         return entry is not None and any(
             s.state is ModelState.READY for s in entry.versions.values())
 
-    def _source_dir(self, name: str, overrides: LoadOverrides
-                    ) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
-        if overrides.files:
-            holder = write_model_dir(name, overrides.files)
-            return Path(holder.name) / name, holder
+    @staticmethod
+    async def _write_overrides(name: str, overrides: LoadOverrides) -> OverrideDir | None:
+        if not overrides.files:
+            return None
+        try:
+            return await asyncio.to_thread(OverrideDir.write, name, overrides.files)
+        except OSError as exc:
+            raise TritiumError(
+                ErrorCode.INTERNAL,
+                f"failed to load '{name}': cannot write its override files: {exc.strerror}",
+            ) from None
+
+    def _holds(self, name: str, holder: OverrideDir) -> bool:
+        entry = self.models.get(name)
+        return entry is not None and entry.override_dir is holder
+
+    def _repository_dir(self, name: str) -> Path:
         found, broken = find_models(self.repositories)
         if name in broken:
             raise TritiumError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {broken[name]}")
@@ -178,24 +205,37 @@ class ModelManager:
                 f"failed to load '{name}': no model directory named '{name}' in the "
                 "model repository",
             )
-        return found[name], None
+        return found[name]
 
     async def _install(
         self,
         name: str,
         model_dir: Path,
         overrides: LoadOverrides | None = None,
-        holder: tempfile.TemporaryDirectory[str] | None = None,
+        holder: OverrideDir | None = None,
         on_failure: _OnFailure = _OnFailure.RECORD,
     ) -> None:
         """Start every version ``model_dir`` selects, then swap them in all at once.
 
         A model that is serving keeps serving, unchanged, if any new version fails.
         """
-        entry = self.models.setdefault(name, ModelEntry(name, model_dir))
         stamp = fingerprint(model_dir)
         try:
-            config = await asyncio.to_thread(self._read_config, model_dir, overrides)
+            prepared = await asyncio.to_thread(self._prepare_config, model_dir, overrides)
+        except TritiumError as exc:
+            if on_failure is _OnFailure.RAISE:
+                # As Triton's poll step: a config refused before any model code runs
+                # changes no model's state, so the server's readiness stays as it was.
+                log.error("model '%s' failed to load: %s", name, exc.message)
+                raise TritiumError(ErrorCode.INVALID_ARG,
+                                   f"failed to load '{name}': {exc.message}") from None
+            entry = self.models.setdefault(name, ModelEntry(name, model_dir))
+            self._install_failed(entry, holder, stamp, exc.message, on_failure)
+            return
+        entry = self.models.setdefault(name, ModelEntry(name, model_dir))
+        try:
+            config = await asyncio.to_thread(finish_model_config, model_dir, prepared,
+                                             self.auto_complete)
             versions = available_versions(model_dir, config)
         except TritiumError as exc:
             self._install_failed(entry, holder, stamp, exc.message, on_failure)
@@ -216,10 +256,11 @@ class ModelManager:
             detail = "; ".join(f"version {v}: {r}" for v, r in sorted(failures.items()))
             raise TritiumError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {detail}")
 
-    def _read_config(self, model_dir: Path, overrides: LoadOverrides | None) -> Any:
+    def _prepare_config(self, model_dir: Path, overrides: LoadOverrides | None
+                        ) -> PreparedConfig:
         if overrides is not None and overrides.config is not None:
-            return complete_model_config(model_dir, overrides.config, self.auto_complete)
-        return load_model_config(model_dir, self.auto_complete)
+            return PreparedConfig(prepare_model_config(model_dir, overrides.config))
+        return read_model_config(model_dir, self.auto_complete is not None)
 
     async def _start_versions(self, entry: ModelEntry, model_dir: Path, versions: list[int],
                               config: Any) -> dict[int, LoadedModel | str]:
@@ -242,8 +283,9 @@ class ModelManager:
         return model
 
     def _swap(self, entry: ModelEntry, model_dir: Path, models: dict[int, LoadedModel],
-              failures: dict[int, str], holder: tempfile.TemporaryDirectory[str] | None) -> None:
-        old_holder, entry.override_dir = entry.override_dir, holder
+              failures: dict[int, str], holder: OverrideDir | None) -> None:
+        # Only versions that run keep the directory they run from.
+        old_holder, entry.override_dir = entry.override_dir, holder if models else None
         entry.model_dir, entry.reason = model_dir, ""
         retired: list[tuple[LoadedModel, VersionEntry | None]] = []
         for version, slot in list(entry.versions.items()):
@@ -264,10 +306,10 @@ class ModelManager:
             entry.versions[version] = VersionEntry(ModelState.UNAVAILABLE, reason)
         self._retire(retired, old_holder)
 
-    def _install_failed(self, entry: ModelEntry, holder: tempfile.TemporaryDirectory[str] | None,
+    def _install_failed(self, entry: ModelEntry, holder: OverrideDir | None,
                         stamp: tuple[Any, ...], reason: str, on_failure: _OnFailure) -> None:
         if holder is not None:
-            holder.cleanup()
+            holder.remove()
         # Remember the attempt, so polling does not retry an unchanged broken model.
         entry.fingerprint = stamp
         if self._serving(entry.name):
@@ -300,6 +342,8 @@ class ModelManager:
                 log.info("model '%s' version %d is UNLOADING: %d request(s) in flight",
                          name, version, slot.model.in_flight())
                 retired.append((slot.model, slot))
+            elif slot.model is None and slot.state is ModelState.UNAVAILABLE:
+                slot.reason = UNLOADED  # a version that failed: unloaded on purpose now
         if not entry.versions:
             entry.reason = UNLOADED
         holder, entry.override_dir = entry.override_dir, None
@@ -307,7 +351,7 @@ class ModelManager:
         self._retire(retired, holder)
 
     def _retire(self, retired: list[tuple[LoadedModel, VersionEntry | None]],
-                holder: tempfile.TemporaryDirectory[str] | None) -> None:
+                holder: OverrideDir | None) -> None:
         """Drain and stop ``retired`` in the background, then remove ``holder``."""
         if not retired and holder is None:
             return
@@ -316,10 +360,10 @@ class ModelManager:
         task.add_done_callback(self._retiring.discard)
 
     async def _drain_and_stop(self, retired: list[tuple[LoadedModel, VersionEntry | None]],
-                              holder: tempfile.TemporaryDirectory[str] | None) -> None:
+                              holder: OverrideDir | None) -> None:
         await asyncio.gather(*(self._drain_one(model, slot) for model, slot in retired))
         if holder is not None:
-            holder.cleanup()
+            await asyncio.to_thread(holder.remove)
 
     async def _drain_one(self, model: LoadedModel, slot: VersionEntry | None) -> None:
         cancelled = await model.drain(self.unload_timeout_s)
@@ -350,7 +394,7 @@ class ModelManager:
             slot.state, slot.reason, slot.model = ModelState.UNAVAILABLE, UNLOADED, None
         for entry in self.models.values():
             if entry.override_dir is not None:
-                entry.override_dir.cleanup()
+                entry.override_dir.remove()
 
     def loaded_models(self) -> list[LoadedModel]:
         return [v.model for e in self.models.values() for v in e.versions.values() if v.model]
@@ -359,6 +403,7 @@ class ModelManager:
     def resolve(self, name: str, version: int | None) -> LoadedModel:
         entry = self.models.get(name)
         if entry is None:
+            check_model_name(name)  # only here: a name that resolves needs no check
             raise TritiumError(
                 ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}' is not found"
             )

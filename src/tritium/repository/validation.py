@@ -15,6 +15,14 @@ from tritium.core.types import DataType
 SUPPORTED_BACKEND = "python"
 WILDCARD_DIM = -1
 
+# What one model may ask for. Each of these counts becomes threads or objects at load, so a
+# config sent with a load request could otherwise take the server's memory or threads.
+MAX_INSTANCES = 256  # instances of one model version, all instance groups together
+MAX_PRIORITY_LEVELS = 1024  # dynamic_batching.priority_levels: one queue each
+MAX_DIMS = 64  # dims of one tensor (and of its reshape)
+MAX_PREFERRED_BATCH_SIZES = 1024  # entries in one preferred_batch_size list
+MAX_ELEMENT_COUNT = 2**63 - 1  # the fixed dims of one tensor multiplied: must fit int64
+
 _KIND = pb.ModelInstanceGroup
 _QUEUE = pb.ModelQueuePolicy
 
@@ -29,6 +37,7 @@ class ConfigError(TritiumError):
 def validate_model_config(config: Any) -> None:
     """Raise ConfigError unless ``config`` (already completed) can be served by tritium."""
     validate_model_identity(config)
+    validate_model_bounds(config)
     _check_batching(config)
     _check_sequence_features(config)
     _check_response_cache(config)
@@ -36,11 +45,69 @@ def validate_model_config(config: Any) -> None:
     _check_tensors(config)
 
 
+def validate_model_bounds(config: Any) -> None:
+    """Every count that allocates stays under its limit; the error names the field."""
+    total = sum(max(g.count, 1) * max(len(g.gpus), 1) for g in config.instance_group)
+    if total > MAX_INSTANCES:
+        raise ConfigError(
+            f"'instance_group' count asks for {total} instances of model '{config.name}' in "
+            f"all, more than the {MAX_INSTANCES} one model may have"
+        )
+    levels = config.dynamic_batching.priority_levels
+    if levels > MAX_PRIORITY_LEVELS:
+        raise ConfigError(
+            f"'dynamic_batching.priority_levels' is {levels} for {config.name}, more than "
+            f"the {MAX_PRIORITY_LEVELS} tritium allows"
+        )
+    for field, sizes in (("dynamic_batching", config.dynamic_batching.preferred_batch_size),
+                         ("sequence_batching.oldest",
+                          config.sequence_batching.oldest.preferred_batch_size)):
+        if len(sizes) > MAX_PREFERRED_BATCH_SIZES:
+            raise ConfigError(
+                f"'{field}.preferred_batch_size' lists {len(sizes)} sizes for {config.name}, "
+                f"more than the {MAX_PREFERRED_BATCH_SIZES} tritium allows"
+            )
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        for tensor in tensors:
+            _check_tensor_bounds(config, kind, tensor)
+    _check_model_filename(config)
+
+
+def _check_tensor_bounds(config: Any, kind: str, tensor: Any) -> None:
+    where = f"model {kind} '{tensor.name}' of {config.name}"
+    shapes = [("dims", tensor.dims)]
+    if tensor.HasField("reshape"):
+        shapes.append(("reshape.shape", tensor.reshape.shape))
+    for field, dims in shapes:
+        if len(dims) > MAX_DIMS:
+            raise ConfigError(
+                f"{where} has {len(dims)} '{field}', more than the {MAX_DIMS} tritium allows"
+            )
+        if math.prod(d for d in dims if d > 0) > MAX_ELEMENT_COUNT:
+            raise ConfigError(f"{where}: the element count of its '{field}' overflows int64")
+
+
+def _check_model_filename(config: Any) -> None:
+    # The backend imports <version dir>/<default_model_filename>; a config from a client
+    # (a load override) must not point it at a file elsewhere on the server.
+    filename = config.default_model_filename
+    if not filename:
+        return
+    bad = ("/" in filename or "\\" in filename or filename in (".", "..")
+           or any(c < " " for c in filename))
+    if bad:
+        raise ConfigError(
+            f"'default_model_filename' of {config.name} must be a file name in the version "
+            f"directory, not the path {filename!r}"
+        )
+
+
 def _check_sequence_features(config: Any) -> None:
     # Served wrongly rather than refused, these would corrupt a stateful model's results.
     if not config.HasField("sequence_batching"):
         return
     batching = config.sequence_batching
+    _check_control_kinds(config, batching)
     if len(batching.state):
         raise ConfigError(
             f"sequence_batching 'state' (implicit state) is not supported by tritium "
@@ -51,6 +118,20 @@ def _check_sequence_features(config: Any) -> None:
             f"sequence_batching 'iterative_sequence' is not supported by tritium "
             f"(model '{config.name}')"
         )
+
+
+def _check_control_kinds(config: Any, batching: Any) -> None:
+    # One tensor per control kind, as Triton requires; this also bounds the tensors the
+    # sequence batcher adds to every request.
+    seen: set[int] = set()
+    for control_input in batching.control_input:
+        for control in control_input.control:
+            if control.kind in seen:
+                kind = pb.ModelSequenceBatching.Control.Kind.Name(control.kind)
+                raise ConfigError(
+                    f"sequence batching specifies multiple {kind} tensors for {config.name}"
+                )
+            seen.add(control.kind)
 
 
 def validate_model_identity(config: Any) -> None:
