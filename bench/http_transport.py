@@ -26,7 +26,9 @@ REQUEST = (
 
 
 async def serve() -> None:
-    from tritium.frontends.http.transport import HttpExchange, HttpLimits, start_http_server
+    from tritium.frontends.http.exchange import HttpExchange
+    from tritium.frontends.http.limits import HttpLimits
+    from tritium.frontends.http.transport import start_http_server
 
     headers = [("Content-Type", "application/json")]
 

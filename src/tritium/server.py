@@ -21,7 +21,8 @@ from tritium.frontends.grpc.server import GrpcServer, start_grpc_server
 from tritium.frontends.grpc.servicer import HealthServicer, InferenceServicer, router
 from tritium.frontends.http import restricted as http_restricted
 from tritium.frontends.http.handlers import HttpApi
-from tritium.frontends.http.transport import HttpLimits, HttpServer, start_http_server
+from tritium.frontends.http.limits import HttpLimits
+from tritium.frontends.http.transport import HttpServer, start_http_server
 from tritium.metrics.server import MetricsServer
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.poll import RepositoryPoller

@@ -15,14 +15,9 @@ from typing import Any
 import pytest
 import uvloop
 
-from tritium.frontends.http.transport import (
-    App,
-    HttpExchange,
-    HttpLimits,
-    HttpRequest,
-    HttpServer,
-    start_http_server,
-)
+from tritium.frontends.http.exchange import App, HttpExchange, HttpRequest
+from tritium.frontends.http.limits import HttpLimits
+from tritium.frontends.http.transport import HttpServer, start_http_server
 
 BOUND_S = 5.0  # generous: a wait that hits it means the behaviour is missing
 Runner = Callable[[Coroutine[Any, Any, None]], None]
@@ -220,7 +215,7 @@ def test_chunked_body_with_trailers_is_dechunked(run: Runner) -> None:
     async def scenario() -> None:
         async with serving(echo) as server:
             reader, writer = await connect(server)
-            writer.write(b"POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            writer.write(b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                          b"5\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n")
             assert (await read_response(reader)).body == b"hello world"
             writer.write(request_bytes(body=b"again"))
@@ -234,7 +229,8 @@ def test_expect_continue_gets_an_interim_response_before_the_body(run: Runner) -
     async def scenario() -> None:
         async with serving(echo) as server:
             reader, writer = await connect(server)
-            writer.write(b"POST / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+            writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+                         b"Expect: 100-continue\r\n\r\n")
             interim = b"HTTP/1.1 100 Continue\r\n\r\n"
             assert await bounded(reader.readexactly(len(interim))) == interim
             writer.write(b"hello")
@@ -255,7 +251,8 @@ def test_expect_continue_with_a_body_over_the_limit_gets_413_at_once(run: Runner
     async def scenario() -> None:
         async with serving(echo, max_body_bytes=10) as server:
             reader, writer = await connect(server)
-            writer.write(b"POST / HTTP/1.1\r\nContent-Length: 11\r\nExpect: 100-continue\r\n\r\n")
+            writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n"
+                         b"Expect: 100-continue\r\n\r\n")
             assert_json_error(await read_response(reader), 413, "--http-max-input-size")
             await assert_closed(reader)
             writer.close()
@@ -285,7 +282,7 @@ def test_body_over_the_limit_gets_413_naming_the_flag(run: Runner, framing: str)
             if framing == "length":
                 writer.write(request_bytes(body=b"b" * 101))
             else:
-                writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                              + b"32\r\n" + b"b" * 50 + b"\r\n" + b"33\r\n" + b"b" * 51 + b"\r\n")
             assert_json_error(await read_response(reader), 413, "--http-max-input-size")
             await assert_closed(reader)
@@ -298,7 +295,7 @@ def test_too_many_chunks_gets_400(run: Runner) -> None:
     async def scenario() -> None:
         async with serving(echo, max_chunks=4) as server:
             reader, writer = await connect(server)
-            writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                          + b"1\r\nx\r\n" * 6 + b"0\r\n\r\n")
             assert_json_error(await read_response(reader), 400, "chunks")
             await assert_closed(reader)
@@ -335,7 +332,8 @@ def test_idle_keep_alive_connection_is_closed_silently(run: Runner) -> None:
 
 MALFORMED = {
     "garbage": b"\x16\x03\x01 not http at all\r\n\r\n",
-    "bad chunk size": b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n",
+    "bad chunk size": (b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"zz\r\nab\r\n"),
     "bad header char": b"GET / HTTP/1.1\r\nX-A: a\x01b\r\n\r\n",
     "space in header name": b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
 }
@@ -391,7 +389,7 @@ def test_reading_pauses_while_too_many_requests_are_queued(run: Runner) -> None:
         async with serving(app, max_pipeline=2) as server:
             reader, writer = await connect(server)
             writer.write(b"".join(request_bytes(body=f"{i}".encode()) for i in range(8)))
-            (conn,) = server._registry.connections
+            (conn,) = server._connections.members
             await wait_for_condition(lambda: conn.reading_paused)
             gate.set()
             bodies = [(await read_response(reader)).body for _ in range(8)]
@@ -484,7 +482,7 @@ def test_streamed_chunks_are_sent_at_once(run: Runner, version: str) -> None:
 
 
 class DisconnectProbe:
-    """An app that waits, as a real handler would, only for its disconnect callback."""
+    """An app that waits, as a real handler would, only for its exchange's cancellation."""
 
     def __init__(self) -> None:
         self.started = asyncio.Event()
@@ -494,7 +492,7 @@ class DisconnectProbe:
 
     async def __call__(self, exchange: HttpExchange) -> None:
         self.calls += 1
-        exchange.add_disconnect_callback(self.left.set)
+        exchange.cancellation.add_callback(lambda _: self.left.set())
         self.started.set()
         await self.left.wait()
         self.seen_disconnected.append(exchange.disconnected)
@@ -538,9 +536,9 @@ def test_client_leaving_after_its_response_fires_nothing(run: Runner) -> None:
 
     async def app(exchange: HttpExchange) -> None:
         exchanges.append(exchange)
-        exchange.add_disconnect_callback(lambda: fired.append("callback"))
+        exchange.cancellation.add_callback(lambda _: fired.append("callback"))
         await echo(exchange)
-        exchange.add_disconnect_callback(lambda: fired.append("late callback"))
+        exchange.cancellation.add_callback(lambda _: fired.append("late callback"))
         await may_return.wait()  # still in the app when the client leaves
 
     async def scenario() -> None:
@@ -563,11 +561,11 @@ def test_callbacks_can_be_removed_and_late_ones_run_at_once(run: Runner) -> None
     probe = DisconnectProbe()
 
     async def app(exchange: HttpExchange) -> None:
-        removed = lambda: fired.append("removed")  # noqa: E731
-        exchange.add_disconnect_callback(removed)
-        exchange.remove_disconnect_callback(removed)
+        removed = lambda _: fired.append("removed")  # noqa: E731
+        exchange.cancellation.add_callback(removed)
+        exchange.cancellation.remove_callback(removed)
         await probe(exchange)
-        exchange.add_disconnect_callback(lambda: fired.append("late"))
+        exchange.cancellation.add_callback(lambda _: fired.append("late"))
         fired.append("after add")
         exchange.respond(200, [])  # a no-op now
 
@@ -662,7 +660,7 @@ def test_head_response_has_length_but_no_body(run: Runner) -> None:
     async def scenario() -> None:
         async with serving(echo) as server:
             reader, writer = await connect(server)
-            writer.write(b"HEAD /h HTTP/1.1\r\n\r\n" + request_bytes(body=b"next"))
+            writer.write(b"HEAD /h HTTP/1.1\r\nHost: t\r\n\r\n" + request_bytes(body=b"next"))
             head = await bounded(reader.readuntil(b"\r\n\r\n"))
             assert b"Content-Length: 4\r\n" in head  # the length a GET would have had
             assert (await read_response(reader)).body == b"next"
@@ -671,14 +669,35 @@ def test_head_response_has_length_but_no_body(run: Runner) -> None:
     run(scenario())
 
 
-def test_upgrade_request_is_answered_as_plain_http(run: Runner) -> None:
+UPGRADES = {
+    "h2c": b"GET /u HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+    "websocket with a body": (b"POST /u HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\n"
+                              b"Upgrade: websocket\r\nContent-Length: 3\r\n\r\nabc"),
+    "connect": b"CONNECT t:443 HTTP/1.1\r\nHost: t:443\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("upgrade", UPGRADES.values(), ids=UPGRADES.keys())
+def test_upgrade_request_is_answered_as_plain_http_and_nothing_after_it(
+    run: Runner, upgrade: bytes
+) -> None:
+    seen: list[str] = []
+
+    async def app(exchange: HttpExchange) -> None:
+        seen.append(exchange.request.path)
+        await echo(exchange)
+
     async def scenario() -> None:
-        async with serving(echo) as server:
+        async with serving(app) as server:
             reader, writer = await connect(server)
-            writer.write(b"GET /u HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
-                         + request_bytes(body=b"after upgrade"))
-            assert (await read_response(reader)).body == b"GET"
-            assert (await read_response(reader)).body == b"after upgrade"
+            # Whoever believes the protocol switched sends the other protocol's bytes next;
+            # none of them may be read as a request.
+            writer.write(upgrade + request_bytes("/smuggled", b"after upgrade"))
+            response = await read_response(reader)
+            assert response.status == 200
+            assert response.headers["connection"] == "close"
+            await assert_closed(reader)
             writer.close()
 
     run(scenario())
+    assert len(seen) == 1 and "/smuggled" not in seen

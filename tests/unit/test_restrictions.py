@@ -15,7 +15,7 @@ from tritium.core.restrictions import ApiGroup, Restriction, parse_restriction, 
 from tritium.frontends.grpc import restricted as grpc_restricted
 from tritium.frontends.grpc.call import Rpc
 from tritium.frontends.http import restricted as http_restricted
-from tritium.frontends.http.routes import ROUTES
+from tritium.frontends.http.handlers import ROUTES
 
 # -- the flag ---------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from tritium.core.model import (
     ModelRepository,
     TensorMetadata,
 )
+from tritium.core.names import check_model_name
 from tritium.core.request import InferenceRequest
 from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.statistics import ModelStatistics
@@ -118,6 +119,7 @@ class InferenceService:
             versions = [version] if version is not None else self.repository.ready_versions(
                 model_name)
             if name is not None and not versions:
+                check_model_name(model_name)
                 raise TritiumError(
                     ErrorCode.INVALID_ARG, f"requested model '{model_name}' is not available"
                 )

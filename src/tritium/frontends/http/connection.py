@@ -6,13 +6,17 @@ import asyncio
 import enum
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from tritium.frontends.http.exchange import HttpExchange, HttpRequest, encode_error
+from tritium.core.cancellation import Cancellation
+from tritium.frontends.http.exchange import App, HttpExchange, HttpRequest, encode_error
+from tritium.frontends.http.limits import HttpLimits
+from tritium.frontends.http.pacing import Pacing
+
+if TYPE_CHECKING:
+    from tritium.frontends.http.transport import OpenConnections
 
 logger = logging.getLogger("tritium.http")
 
@@ -21,16 +25,9 @@ _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPT
 # Raw header name -> lower-case str: a dict hit is cheaper than decoding and lower-casing.
 _HEADER_NAMES: dict[bytes, str] = {}
 _HEADER_NAMES_MAX = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class HttpLimits:
-    max_header_bytes: int = 64 * 1024
-    max_body_bytes: int = 64 * 1024 * 1024
-    max_chunks: int = 65536
-    header_timeout_s: float = 30.0
-    keepalive_timeout_s: float = 75.0
-    max_pipeline: int = 32
+# What a closed connection parses with: it calls back into nothing, so the connection it
+# replaces is no longer referenced by its own parser (a cycle only a full collection finds).
+_DETACHED = httptools.HttpRequestParser(object())
 
 
 class _Phase(enum.Enum):
@@ -50,59 +47,32 @@ class _Rejection(Exception):
         self.message = message
 
 
-class ConnectionRegistry:
-    """The server's live connections, a coarse clock for their timeouts, and a wait for none.
-
-    ``now`` is the loop time at the server's last timeout sweep: reading it costs nothing on
-    the hot path, and timeouts are only as exact as the sweep interval anyway.
-    """
-
-    def __init__(self) -> None:
-        self.connections: set[HttpConnection] = set()
-        self.now = asyncio.get_running_loop().time()
-        self._empty: asyncio.Future[None] | None = None
-
-    def add(self, conn: HttpConnection) -> None:
-        self.connections.add(conn)
-
-    def discard(self, conn: HttpConnection) -> None:
-        self.connections.discard(conn)
-        if not self.connections and self._empty is not None and not self._empty.done():
-            self._empty.set_result(None)
-
-    async def wait_empty(self) -> None:
-        while self.connections:
-            if self._empty is None or self._empty.done():
-                self._empty = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._empty)
-
-
-App = Callable[[HttpExchange], Awaitable[None]]
-
-
 class HttpConnection(asyncio.Protocol):
     """Parses requests as bytes arrive and serves them one at a time, in order, with one task.
 
-    Reading never stops while the app works on a request (except under pipelining
-    backpressure), so the peer's FIN or RST is seen the moment it arrives. At the TCP level a
+    Reading stops only for backpressure: too many requests parsed ahead of the one being
+    served, or a peer that does not read its responses (the write buffer passed its high-water
+    mark). Otherwise the peer's FIN or RST is seen the moment it arrives. At the TCP level a
     half-close (the client shut down only its sending side) cannot be told apart from a
     close: both are a FIN, so either one counts as the client leaving.
     """
 
-    def __init__(self, app: App, limits: HttpLimits, registry: ConnectionRegistry):
+    def __init__(self, app: App, limits: HttpLimits, connections: OpenConnections):
         self._app = app
         self._limits = limits
         self._max_header_bytes = limits.max_header_bytes
         self._max_body_bytes = limits.max_body_bytes
-        self._registry = registry
+        self._connections = connections
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport  # connection_made sets it before any other call
         self._queue: deque[HttpExchange | _Rejection] = deque()
+        self._queued_bytes = 0  # request bodies in the queue
         self._current: HttpExchange | None = None
         self._runner: asyncio.Task[None] | None = None
         # Set only while the runner waits for work; whoever resolves it clears it.
         self._wakeup: asyncio.Future[None] | None = None
+        # Exists while the transport's write buffer is over its high-water mark.
         self._writable: asyncio.Future[None] | None = None
         self._lost = False
         self._finished = False
@@ -111,9 +81,10 @@ class HttpConnection(asyncio.Protocol):
         self._discard_input = False
         self.closing = False  # the response being written is the last one
         self._reading_paused = False
+        self._pipeline_full = False
         self._continue_wanted = False
         self._rejection: _Rejection | None = None
-        self._idle_since = registry.now
+        self.pacing = Pacing(limits, connections.now)
         self._method = self._version = ""
         self._keep_alive = True
         self.on_message_begin()  # gives the per-request fields their first values
@@ -124,7 +95,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self._registry.add(self)
+        self._connections.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self._discard_input:
@@ -133,13 +104,10 @@ class HttpConnection(asyncio.Protocol):
             self._raw_head_bytes += len(data)
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as upgrade:
-            # We never switch protocols: the request was answered as plain HTTP, so
-            # carry on with a fresh parser for whatever follows it.
-            self._parser = httptools.HttpRequestParser(self)
-            rest = data[int(upgrade.args[0]) :]
-            if rest:
-                self.data_received(rest)
+        except httptools.HttpParserUpgrade:
+            # We never switch protocols: the request was answered as plain HTTP with a close
+            # (see on_headers_complete), and what follows it is never read as a request.
+            self._discard_input = True
         except httptools.HttpParserError as exc:
             if self._rejection is None and isinstance(exc, httptools.HttpParserCallbackError):
                 logger.error("HTTP parser callback failed", exc_info=exc.__context__)
@@ -157,23 +125,30 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._peer_left()
-        self._release(self._writable)
+        self._parser = _DETACHED
+        self._body_parts.clear()  # a partly received body goes now, not with the connection
+        writable, self._writable = self._writable, None
+        self._release(writable)
         self._maybe_finish()
 
     def pause_writing(self) -> None:
         if self._writable is None:
             self._writable = self._loop.create_future()
+            self.pacing.write_paused(self._connections.now, self.transport.get_write_buffer_size())
+            self._update_reading()
 
     def resume_writing(self) -> None:
-        self._release(self._writable)
-        self._writable = None
+        writable, self._writable = self._writable, None
+        self._release(writable)
+        self.pacing.waiting_since = self._connections.now  # the server, not the peer, was late
+        self._update_reading()
 
     # -- httptools callbacks --------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         # Per-request state is reset here, where the parser calls anyway, not after a message.
         self._phase = _Phase.HEAD
-        self._head_started = self._registry.now
+        self._head_started = self._connections.now
         self._head_size = 0  # request line + headers seen by the callbacks
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -194,12 +169,15 @@ class HttpConnection(asyncio.Protocol):
         key = _HEADER_NAMES.get(name) or _header_name(name)
         headers = self._headers
         if key in headers:
+            if key == "host":  # RFC 9112 §3.2: which host is meant cannot be told
+                self._fail(_Rejection(400, "request has more than one Host header"))
             headers[key] += ", " + value.decode("latin-1")
         else:
             headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self._phase = _Phase.BODY
+        self.pacing.body_started(self._connections.now)
         if self._head_size > self._max_header_bytes:
             self._fail(self._head_too_large())
         headers = self._headers
@@ -209,7 +187,13 @@ class HttpConnection(asyncio.Protocol):
         method = parser.get_method()
         self._method = _METHODS.get(method) or method.decode("latin-1")
         self._version = parser.get_http_version()
+        if "host" not in headers and self._version != "1.0":
+            self._fail(_Rejection(400, "HTTP/1.1 request without a Host header"))
         self._keep_alive = parser.should_keep_alive()
+        if "upgrade" in headers or self._method == "CONNECT":
+            # Answered as plain HTTP, then closed: a peer (or a proxy) that believes the
+            # protocol switched must not get the bytes after this parsed as requests.
+            self._keep_alive = False
         if "expect" in headers and self._version == "1.1":
             self._expect(headers["expect"])
 
@@ -251,7 +235,7 @@ class HttpConnection(asyncio.Protocol):
         self._raw_head_bytes = 0
         if not request.keep_alive:
             self._discard_input = True
-        self._enqueue(HttpExchange(request, self))
+        self._enqueue(HttpExchange(request, self, Cancellation(self._loop)), self._body_size)
 
     def _fail(self, rejection: _Rejection) -> None:
         # Raising inside a callback stops the parser; data_received picks the reason up.
@@ -275,7 +259,7 @@ class HttpConnection(asyncio.Protocol):
     def _busy(self) -> bool:
         return self._current is not None or bool(self._queue)
 
-    def _enqueue(self, item: HttpExchange | _Rejection) -> None:
+    def _enqueue(self, item: HttpExchange | _Rejection, size: int = 0) -> None:
         queue = self._queue
         queue.append(item)
         wakeup = self._wakeup
@@ -285,9 +269,17 @@ class HttpConnection(asyncio.Protocol):
         elif self._runner is None:
             self._runner = self._loop.create_task(self._serve())
             self._runner.add_done_callback(self._runner_done)
-        if len(queue) > self._limits.max_pipeline and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
+        self._queued_bytes += size
+        # Bodies count only while they wait behind another request: one that the runner
+        # takes at once must not pause reading for nothing.
+        if not self._pipeline_full and (
+                len(queue) > self._limits.max_pipeline
+                or (self._queued_bytes > self._limits.max_pipeline_bytes and self._busy_ahead())):
+            self._pipeline_full = True
+            self._update_reading()
+
+    def _busy_ahead(self) -> bool:
+        return self._current is not None or len(self._queue) > 1
 
     async def _serve(self) -> None:
         """The connection's one task: hand each exchange to the app, strictly in turn."""
@@ -297,33 +289,41 @@ class HttpConnection(asyncio.Protocol):
                 self._wakeup = self._loop.create_future()
                 await self._wakeup
                 continue
+            if self._writable is not None:
+                # The peer is not reading its responses: produce no more until it catches up.
+                await self.wait_writable()
+                continue
             exchange = queue.popleft()
-            if self._reading_paused and not queue:
-                self._reading_paused = False
-                self.transport.resume_reading()
             if isinstance(exchange, _Rejection):
                 self._send_rejection(exchange)
                 return
+            self._queued_bytes -= len(exchange.request.body)
+            if self._pipeline_full and not queue:
+                self._pipeline_full = False
+                self._update_reading()
             self._current = exchange
-            try:
-                await self._app(exchange)
-            except Exception:
-                logger.exception("HTTP app failed on %s %s", exchange.request.method,
-                                 exchange.request.path)
-                self._abort(exchange, "internal server error")
-            except asyncio.CancelledError:
-                self.close()
-                raise
-            else:
-                if not exchange.responded and not exchange.disconnected:
-                    logger.error("HTTP app returned without finishing a response to %s %s",
-                                 exchange.request.method, exchange.request.path)
-                    self._abort(exchange, "the server did not produce a response")
+            await self._run_app(exchange)
             self._current = None
             if not queue:
-                self._idle_since = self._registry.now
+                self.pacing.waiting_since = self._connections.now
                 if self._continue_wanted:
                     self._send_continue()
+
+    async def _run_app(self, exchange: HttpExchange) -> None:
+        try:
+            await self._app(exchange)
+        except Exception:
+            logger.exception("HTTP app failed on %s %s", exchange.request.method,
+                             exchange.request.path)
+            self._abort(exchange, "internal server error")
+        except asyncio.CancelledError:
+            self.close()
+            raise
+        else:
+            if not exchange.responded and not exchange.disconnected:
+                logger.error("HTTP app returned without finishing a response to %s %s",
+                             exchange.request.method, exchange.request.path)
+                self._abort(exchange, "the server did not produce a response")
 
     def _abort(self, exchange: HttpExchange, message: str) -> None:
         """Answer 500 if nothing was sent yet, then close: the exchange went wrong."""
@@ -333,26 +333,37 @@ class HttpConnection(asyncio.Protocol):
 
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         self._current = None
+        self._runner = None
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
         if self._finished or not self._lost:
             return
-        if self._runner is not None and not self._runner.done():
+        if self._runner is not None:
             return  # the app still works on a departed exchange; it learnt via its callback
         self._finished = True
-        self._registry.discard(self)
+        self._connections.discard(self)
 
     async def wait_writable(self) -> None:
         waiter = self._writable
         if waiter is not None:
             await asyncio.shield(waiter)
 
+    def _update_reading(self) -> None:
+        paused = self._pipeline_full or self._writable is not None
+        if paused is not self._reading_paused and not self._lost:
+            self._reading_paused = paused
+            if paused:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
     # -- closing ----------------------------------------------------------------------------
 
     def _peer_left(self) -> None:
         self._discard_input = True
         self._queue.clear()  # exchanges never handed to the app simply vanish
+        self._queued_bytes = 0
         if self._current is not None:
             self._current.peer_left()
         if self._wakeup is not None:
@@ -363,6 +374,7 @@ class HttpConnection(asyncio.Protocol):
         """Serve nothing more; close once what is already written has been sent."""
         self._discard_input = True
         self._queue.clear()
+        self._queued_bytes = 0
         self.transport.close()
 
     def _reject(self, rejection: _Rejection) -> None:
@@ -377,7 +389,13 @@ class HttpConnection(asyncio.Protocol):
 
     def _send_rejection(self, rejection: _Rejection) -> None:
         self.transport.write(encode_error(rejection.status, rejection.message))
-        self.close()
+        if self.transport.can_write_eof():
+            # Half-close and keep draining: closing with unread input would reset the
+            # connection, and the reset could destroy the answer before the peer reads it.
+            self.transport.write_eof()
+            self.pacing.linger(self._connections.now)
+        else:
+            self.close()
 
     def _send_continue(self) -> None:
         # An interim response may not cut into a response still being written.
@@ -388,20 +406,35 @@ class HttpConnection(asyncio.Protocol):
             self.transport.write(_CONTINUE)
 
     def check_timeouts(self, now: float) -> None:
-        """Close an idle keep-alive connection, or answer 408 to a head that stalled."""
-        if self._lost or self._discard_input or self._busy():
+        """Enforce the waits of HttpLimits on whoever is keeping the other side waiting."""
+        if self._lost:
             return
-        limits = self._limits
+        pacing = self.pacing
+        if pacing.lingered_out(now) or (
+                self._writable is not None
+                and pacing.send_stalled(now, self.transport.get_write_buffer_size())):
+            self.transport.abort()
+        elif not (self._discard_input or self._reading_paused or self._busy()):
+            self._check_peer(now)
+
+    def _check_peer(self, now: float) -> None:
+        pacing = self.pacing
         if self._phase is _Phase.IDLE:
-            if now - self._idle_since >= limits.keepalive_timeout_s:
+            if pacing.idle_too_long(now):
                 self.close()  # silently: nobody is waiting for anything
-        elif (self._phase is _Phase.HEAD
-              and now - max(self._head_started, self._idle_since) >= limits.header_timeout_s):
-            self._reject(_Rejection(408, "timed out reading the request head"))
+        elif self._phase is _Phase.HEAD:
+            if pacing.head_too_slow(now, self._head_started):
+                self._reject(_Rejection(408, "timed out reading the request head"))
+        else:
+            late = pacing.body_too_slow(now, self._body_size)
+            if late is not None:
+                self._reject(_Rejection(408, late))
 
     def close_if_idle(self) -> None:
         """Close the connection if no request is being served, queued or received."""
-        if not self._lost and not self._busy() and self._phase is _Phase.IDLE:
+        if self._lost or self._busy():
+            return
+        if self._phase is _Phase.IDLE or self._discard_input:  # idle, or done with input
             self.close()
 
     @property

@@ -1,15 +1,18 @@
-"""One HTTP request and the writing of its response: framing, keep-alive, disconnect callbacks."""
+"""One HTTP request and the writing of its response: framing, keep-alive, and the cancellation
+the peer's departure sets."""
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import orjson
+
+from tritium.core.cancellation import Cancellation, CancelReason
 
 if TYPE_CHECKING:
     import asyncio
@@ -78,39 +81,27 @@ def _byte_view(part: BodyPart) -> BodyPart:
 
 
 class HttpExchange:
-    """One request/response on a connection."""
+    """One request/response on a connection.
 
-    __slots__ = ("_callbacks", "_chunked", "_conn", "_progress", "disconnected", "request")
+    ``cancellation`` is the exchange's own, made for the connection's loop: the transport
+    cancels it (CLIENT_DISCONNECTED) when the peer leaves before the response is complete, and
+    handlers hand it to the core with the request. Nothing else cancels an exchange.
+    """
 
-    def __init__(self, request: HttpRequest, conn: HttpConnection):
+    __slots__ = ("_chunked", "_conn", "_progress", "cancellation", "disconnected", "request")
+
+    def __init__(self, request: HttpRequest, conn: HttpConnection, cancellation: Cancellation):
         self.request = request
+        self.cancellation = cancellation
         self.disconnected = False
         self._conn = conn
         self._progress = _Progress.NONE
-        self._callbacks: list[Callable[[], None]] | None = None
         self._chunked = True
 
     @property
     def responded(self) -> bool:
         """A complete response has been queued."""
         return self._progress is _Progress.COMPLETE
-
-    def add_disconnect_callback(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once, on the loop, if the peer leaves before the response is done.
-
-        Runs it at once when the peer has already left.
-        """
-        if self.disconnected:
-            callback()
-        elif self._progress is not _Progress.COMPLETE:
-            if self._callbacks is None:
-                self._callbacks = [callback]
-            else:
-                self._callbacks.append(callback)
-
-    def remove_disconnect_callback(self, callback: Callable[[], None]) -> None:
-        if self._callbacks and callback in self._callbacks:
-            self._callbacks.remove(callback)
 
     def respond(self, status: int, headers: list[tuple[str, str]], body: Body = b"") -> None:
         """Queue the whole response; the transport adds Content-Length and Connection."""
@@ -182,23 +173,21 @@ class HttpExchange:
             self.respond(500, _JSON, orjson.dumps({"error": message}))
 
     def peer_left(self) -> None:
-        """Mark the exchange abandoned; run its callbacks if its response was unfinished."""
+        """Mark the exchange abandoned; cancel its work if its response was unfinished."""
         if self.disconnected:
             return
         self.disconnected = True
-        callbacks, self._callbacks = self._callbacks, None
-        for callback in callbacks or ():
-            try:
-                callback()
-            except Exception:
-                logger.exception("HTTP disconnect callback failed")
+        if self._progress is _Progress.COMPLETE:
+            return  # answered in full: nothing is left to stop
+        try:
+            self.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+        except Exception:
+            logger.exception("HTTP disconnect: a cancellation callback failed")
 
     def _advance(self, expected: _Progress, to: _Progress) -> None:
         if self._progress is not expected:
             raise RuntimeError(f"the response has {self._progress.value} already")
         self._progress = to
-        if to is _Progress.COMPLETE:
-            self._callbacks = None  # a finished exchange has nothing left to cancel
 
     def _write(self, head: bytes, parts: list[BodyPart] | None = None, size: int = 0) -> None:
         transport: asyncio.Transport = self._conn.transport
@@ -210,3 +199,7 @@ class HttpExchange:
             transport.write(head + parts[0])
         else:
             transport.write(b"".join([head, *parts]))
+
+
+# What a listener serves every exchange with: it must respond (or see the peer leave).
+App = Callable[[HttpExchange], Awaitable[None]]

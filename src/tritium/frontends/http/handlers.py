@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
-from tritium.core.cancellation import Cancellation, CancelReason
+from tritium.core.cancellation import Cancellation
 from tritium.core.errors import TritiumError, invalid
 from tritium.core.model import ModelMetadata
 from tritium.core.request import InferenceRequest
 from tritium.core.service import InferenceService
 from tritium.frontends.http import codec, compression, generate
+from tritium.frontends.http.exchange import HttpExchange
 from tritium.frontends.http.routes import Match, NoRoute, Router
 from tritium.frontends.http.statistics import encode_statistics
 from tritium.frontends.http.status import http_status
-from tritium.frontends.http.transport import HttpExchange
 
 log = logging.getLogger("tritium.http")
 
@@ -47,18 +47,17 @@ class HttpApi:
     def __init__(self, service: InferenceService, max_input_size: int):
         self.service = service
         self.max_input_size = max_input_size
-        self.router = Router()
+        self.router: Router[Endpoint] = Router(ROUTES)
 
     async def __call__(self, exchange: HttpExchange) -> None:
         request = exchange.request
         try:
-            match = self.router.match(request.method, request.path)
+            endpoint, match = self.router.match(request.method, request.path)
         except NoRoute as exc:
             exchange.respond(exc.status, JSON, orjson.dumps({"error": exc.message}))
             return
-        handler: Callable[[HttpExchange, Match], Any] = getattr(self, match.handler)
         try:
-            await handler(exchange, match)
+            await endpoint(self, exchange, match)
         except TritiumError as exc:
             if not exchange.responded:
                 respond_error(exchange, exc)
@@ -176,29 +175,23 @@ class HttpApi:
 
     async def generate_stream(self, exchange: HttpExchange, match: Match) -> None:
         request = self._generate_request(exchange, match)
-        cancellation = Cancellation(self.service.loop)
-        stream = self.service.submit(request, cancellation)
-        leave = _canceller(cancellation)
-        exchange.add_disconnect_callback(leave)
-        try:
-            started = False
-            async for response in stream:
-                if exchange.disconnected:
-                    return
-                if not started:
-                    status = 200 if response.error is None else http_status(response.error.code)
-                    exchange.start_stream(status, SSE)
-                    started = True
-                if response.error is not None:
-                    exchange.write_chunk(generate.sse_error(response.error))
-                elif not response.flag_only:
-                    assert request.model_version is not None
-                    exchange.write_chunk(generate.sse_event(generate.encode_generate_response(
-                        response, request, request.model_name, request.model_version)))
-                await exchange.wait_writable()
-            exchange.end_stream()
-        finally:
-            exchange.remove_disconnect_callback(leave)
+        stream = self.service.submit(request, exchange.cancellation)
+        started = False
+        async for response in stream:
+            if exchange.disconnected:
+                return
+            if not started:
+                status = 200 if response.error is None else http_status(response.error.code)
+                exchange.start_stream(status, SSE)
+                started = True
+            if response.error is not None:
+                exchange.write_chunk(generate.sse_error(response.error))
+            elif not response.flag_only:
+                assert request.model_version is not None
+                exchange.write_chunk(generate.sse_event(generate.encode_generate_response(
+                    response, request, request.model_name, request.model_version)))
+            await exchange.wait_writable()
+        exchange.end_stream()
 
     def _generate_request(self, exchange: HttpExchange, match: Match) -> InferenceRequest:
         name, version = _model(match), parse_version(match.version)
@@ -216,25 +209,14 @@ class HttpApi:
 
     async def _run(self, exchange: HttpExchange, request: InferenceRequest,
                    call: Callable[[InferenceRequest, Cancellation], Any]) -> Any:
-        """Run a single-response call; a client that leaves cancels it."""
-        cancellation = Cancellation(self.service.loop)
-        leave = _canceller(cancellation)
-        exchange.add_disconnect_callback(leave)
+        """Run a single-response call under the exchange's cancellation: a client that
+        leaves cancels it."""
         try:
-            return await call(request, cancellation)
+            return await call(request, exchange.cancellation)
         except TritiumError:
             if exchange.disconnected:
                 return None
             raise
-        finally:
-            exchange.remove_disconnect_callback(leave)
-
-
-def _canceller(cancellation: Cancellation) -> Callable[[], None]:
-    def leave() -> None:
-        cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
-
-    return leave
 
 
 def _model(match: Match) -> str:
@@ -281,3 +263,27 @@ def _metadata_json(meta: ModelMetadata) -> dict[str, Any]:
         "inputs": tensors(meta.inputs),
         "outputs": tensors(meta.outputs),
     }
+
+
+Endpoint = Callable[[HttpApi, HttpExchange, Match], Awaitable[None]]
+
+ROUTES: tuple[tuple[str, str, Endpoint], ...] = (
+    ("GET", "/v2/health/live", HttpApi.health_live),
+    ("GET", "/v2/health/ready", HttpApi.health_ready),
+    ("GET", "/v2", HttpApi.server_metadata),
+    ("POST", "/v2/repository/index", HttpApi.repository_index),
+    ("POST", "/v2/repository/models/{model}/load", HttpApi.model_load),
+    ("POST", "/v2/repository/models/{model}/unload", HttpApi.model_unload),
+    ("GET", "/v2/models/stats", HttpApi.model_statistics),
+    ("GET", "/v2/models/{model}", HttpApi.model_metadata),
+    ("GET", "/v2/models/{model}/ready", HttpApi.model_ready),
+    ("GET", "/v2/models/{model}/config", HttpApi.model_config),
+    ("GET", "/v2/models/{model}/stats", HttpApi.model_statistics),
+    ("POST", "/v2/models/{model}/infer", HttpApi.infer),
+    ("POST", "/v2/models/{model}/generate", HttpApi.generate),
+    ("POST", "/v2/models/{model}/generate_stream", HttpApi.generate_stream),
+    ("GET", "/v2/logging", HttpApi.log_settings),
+    ("POST", "/v2/logging", HttpApi.log_settings),
+    ("GET", "/v2/trace/setting", HttpApi.trace_settings),
+    ("POST", "/v2/trace/setting", HttpApi.trace_settings),
+)

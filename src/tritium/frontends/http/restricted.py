@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import orjson
 
 from tritium.core.restrictions import ApiGroup, Restriction, by_group
-from tritium.frontends.http.transport import App, HttpExchange
+from tritium.frontends.http.exchange import App, HttpExchange
 
 _JSON = [("Content-Type", "application/json")]
 
