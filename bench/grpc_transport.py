@@ -36,8 +36,8 @@ def reply() -> pb.ModelInferResponse:
 
 
 async def serve_tritium() -> None:
-    from tritium.frontends.grpc.call import GrpcLimits, Rpc
-    from tritium.frontends.grpc.connection import ConnectionRegistry, GrpcConnection
+    from tritium.frontends.grpc.call import Rpc
+    from tritium.frontends.grpc.server import start_grpc_server
 
     answer = reply()
 
@@ -45,10 +45,8 @@ async def serve_tritium() -> None:
         return answer
 
     routes = {METHOD: Rpc(pb.ModelInferRequest, unary=model_infer)}
-    registry, limits = ConnectionRegistry(), GrpcLimits()
-    server = await asyncio.get_running_loop().create_server(
-        lambda: GrpcConnection(routes, registry, limits), "127.0.0.1", 0)
-    print(server.sockets[0].getsockname()[1], flush=True)
+    server = await start_grpc_server(routes, "127.0.0.1", 0)
+    print(server.port, flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until closed
 
 

@@ -33,7 +33,6 @@ from tritium.frontends.grpc.http2 import (
     PREFACE,
     PRIORITY,
     FrameType,
-    GrpcStatus,
     H2Error,
     Setting,
     frame,
@@ -41,6 +40,7 @@ from tritium.frontends.grpc.http2 import (
     settings_payload,
     window_update,
 )
+from tritium.frontends.grpc.status import GrpcStatus
 
 SERVICE = "/inference.GRPCInferenceService"
 INFER = f"{SERVICE}/ModelInfer"
@@ -887,23 +887,25 @@ def test_protocol_violation_ends_the_connection(server: TritiumProcess, raw: Raw
     assert_still_serving(server)
 
 
-def test_data_after_end_stream(server: TritiumProcess, raw: RawClient, slow: Records) -> None:
+def test_data_after_end_stream_is_a_stream_error(server: TritiumProcess, raw: RawClient,
+                                                 slow: Records) -> None:
+    # RFC 9113 §5.1: a stream the client half-closed gets STREAM_CLOSED on that stream only.
     rid = new_id()
-    before = cancellations(server, "CLIENT_DISCONNECTED")
+    before = cancellations(server, "CLIENT_CANCELLED")
     raw.send(_headers(raw, 1), frame(FrameType.DATA, END_STREAM, 1,
                                      grpc_message(slow_request(5, rid))))
     slow.wait_for(rid, "start", timeout=TIMEOUT_S)
     left_at = time.monotonic()
     raw.send(frame(FrameType.DATA, 0, 1, b"more"))
-    goaway = raw.until(FrameType.GOAWAY)
-    assert goaway_code(goaway) == H2Error.STREAM_CLOSED
-    assert int.from_bytes(goaway.payload[:4], "big") == 1  # the last stream it saw
-    assert raw.remaining() == []
-    # The connection is gone, and the call on it with it.
+    reset = raw.until(FrameType.RST_STREAM, 1)
+    assert int.from_bytes(reset.payload, "big") == H2Error.STREAM_CLOSED
     assert_stopped_soon(slow, rid, left_at)
     wait_for_metric(server.metrics_url, CANCELLED, before + 1, timeout=TIMEOUT_S, model="slow",
-                    reason="CLIENT_DISCONNECTED", stage="executing")
-    assert_still_serving(server)
+                    reason="CLIENT_CANCELLED", stage="executing")
+    # The connection goes on serving.
+    raw.send(_headers(raw, 3), frame(FrameType.DATA, END_STREAM, 3,
+                                     grpc_message(identity_request([1.0], "after"))))
+    assert raw.reply(3).infer_response().id == "after"
 
 
 def test_violation_after_a_good_call_on_the_same_connection(server: TritiumProcess,

@@ -1,7 +1,8 @@
-"""HTTP/2 and gRPC wire helpers (``frontends/grpc/http2.py``), with no server."""
+"""HTTP/2 and gRPC wire helpers (``http2.py``, ``wire.py``, ``messages.py``), with no server."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import zlib
 
@@ -17,18 +18,17 @@ from tritium.frontends.grpc.http2 import (
     H2Error,
     ProtocolViolation,
     Setting,
-    decompress,
-    encode_status_message,
     frame,
     goaway,
     parse_settings,
-    parse_timeout,
     references_only,
     rst_stream,
     settings_payload,
     strip_padding,
     window_update,
 )
+from tritium.frontends.grpc.messages import inflate
+from tritium.frontends.grpc.wire import encode_status_message, parse_timeout
 
 
 def split_frame(data: bytes) -> tuple[int, int, int, int, bytes]:
@@ -194,6 +194,10 @@ def test_status_message_decodes_back() -> None:
 # -- decompression ---------------------------------------------------------------------------
 
 MESSAGE = b"tritium " * 1000
+
+
+def decompress(data: bytes, encoding: str, limit: int) -> bytes:
+    return asyncio.run(inflate(data, encoding, limit))
 
 
 def test_gzip_round_trip() -> None:

@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
-from tritium.core.cancellation import CancelReason
-from tritium.frontends.grpc.http2 import length_prefixed
+from tritium.core.cancellation import Cancellation
+from tritium.frontends.grpc.call_state import CallState
+from tritium.frontends.grpc.flood import FloodLimits
+from tritium.frontends.grpc.messages import Message, MessageReader
+from tritium.frontends.grpc.status import GrpcStatus
+from tritium.frontends.grpc.windows import RecvWindow, SendWindow
+from tritium.frontends.grpc.wire import length_prefixed
 
 if TYPE_CHECKING:
     from tritium.frontends.grpc.connection import GrpcConnection
@@ -41,65 +46,88 @@ class GrpcLimits:
     max_message_bytes: int = 2**31 - 1
     max_header_list_bytes: int = 64 * 1024
     max_concurrent_streams: int = 4096
-    # Large receive windows: a request's bytes are buffered whole anyway, so per-stream flow
-    # control would only add round trips.
+    # Credit a stream and the connection are granted. It comes back as the server consumes
+    # what was sent, so these bound what a peer can make the server hold beyond the budget.
     stream_window: int = 16 * 1024 * 1024
-    connection_window: int = 1 << 30
+    connection_window: int = 64 * 1024 * 1024
     max_frame_bytes: int = 1 << 20
+    # Request bytes held in messages not yet taken by their handlers: per connection, and for
+    # the whole server (``ByteBudget``); a message larger than either is refused.
+    max_connection_buffered_bytes: int = 2**31 - 1
+    max_buffered_bytes: int = 2**31 - 1
+    # Requests one ModelStreamInfer call may have in flight; more wait unread.
+    max_stream_requests: int = 256
+    # A connection that has not sent its preface, or has had no call, for this long is closed
+    # (grpc-core's handshake timeout and max_connection_idle).
+    preface_timeout_s: float = 20.0
+    idle_timeout_s: float = 300.0
+    # A message that stops arriving for this long (its peer holding the server's buffer).
+    message_progress_timeout_s: float = 60.0
+    # Open connections on the listener; more are closed at once.
+    max_connections: int = 1024
+    flood: FloodLimits = field(default_factory=FloodLimits)
 
 
 class Call:
-    """One RPC (one HTTP/2 stream) as its handler sees it."""
+    """One RPC (one HTTP/2 stream): the handler's view, and the transport's bookkeeping."""
 
     __slots__ = (
         "_waiter",
-        "cancel_reason",
+        "cancellation",
         "conn",
         "deadline",
         "encoding",
-        "ended",
         "headers",
         "headers_sent",
-        "inbuf",
+        "last_progress",
         "messages",
         "pending",
-        "recv_unacked",
-        "remote_closed",
+        "reader",
+        "recv_window",
+        "reserved",
         "rpc",
         "send_window",
+        "state",
         "stream_id",
         "task",
         "timer",
         "trailers",
+        "withheld",
     )
 
     def __init__(self, conn: GrpcConnection, stream_id: int, rpc: Rpc, encoding: str,
-                 send_window: int, headers: dict[str, str]):
+                 headers: dict[str, str], send_window: int, recv_window: int,
+                 max_message: int, cancellation: Cancellation):
         self.conn = conn
-        self.headers = headers  # the request's header fields, names in lower case
         self.stream_id = stream_id
         self.rpc = rpc
         self.encoding = encoding
-        self.cancel_reason: CancelReason | None = None
-        self.ended = False
+        self.headers = headers  # the request's header fields, names in lower case
+        # Owned by the call: the transport cancels it with the reason the call ended early.
+        self.cancellation = cancellation
+        self.state = CallState.OPEN
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.deadline: float | None = None
-        self.remote_closed = False
         self.headers_sent = False
-        self.send_window = send_window
-        self.pending: deque[bytes | memoryview] = deque()  # bytes waiting for flow-control credit
+        self.send_window = SendWindow(send_window)
+        self.recv_window = RecvWindow(recv_window)
+        self.pending: deque[bytes | memoryview] = deque()  # waiting for flow-control credit
         self.trailers: bytes | None = None  # sent once ``pending`` is empty
-        self.inbuf = bytearray()
-        self.messages: deque[bytes | memoryview] = deque()
-        self.recv_unacked = 0
+        self.reader = MessageReader(max_message)
+        self.messages: deque[Message] = deque()  # whole, not yet taken by the handler
+        # Request bytes received and not yet taken by the handler, in two parts: those
+        # credited back to the peer (reserved in the byte budget), and the newer ones whose
+        # credit is withheld until the handler takes them or the budget allows.
+        self.reserved = 0
+        self.withheld = 0
+        self.last_progress = 0.0
         self._waiter: asyncio.Future[None] | None = None
 
     # -- for handlers --------------------------------------------------------------------
     def write(self, message: Any) -> None:
         """Send one response message (dropped if the call has ended)."""
-        if not self.ended:
-            self.conn.send(self, length_prefixed(message.SerializeToString()), None)
+        self.conn.send(self, length_prefixed(message.SerializeToString()))
 
     @property
     def blocked(self) -> bool:
@@ -109,17 +137,16 @@ class Call:
     async def drain(self) -> None:
         """Wait while the peer or the socket is not taking this call's bytes."""
         conn = self.conn
-        while not self.ended and (self.pending or conn.write_paused):
+        while self.state is not CallState.CLOSED and (self.pending or conn.write_paused):
             await conn.wait_writable()
 
     async def requests(self) -> AsyncIterator[Any]:
-        """The client's messages, parsed, until it half-closes; raises TritiumError-free
-        ``ValueError`` for a message that cannot be parsed."""
-        parse = self.rpc.request_type.FromString
+        """The client's messages, parsed, until it half-closes or the call ends; raises
+        ``BadMessage`` for one that cannot be read."""
         while True:
             if self.messages:
-                yield parse_message(parse, self.messages.popleft())
-            elif self.remote_closed or self.ended:
+                yield await self.conn.take_message(self)
+            elif self.state is not CallState.OPEN:
                 return
             else:
                 self._waiter = asyncio.get_running_loop().create_future()
@@ -133,7 +160,11 @@ class Call:
 
 
 class BadMessage(Exception):
-    """A request message that does not parse as the method's request type."""
+    """A request message that cannot be read: it ends the call with ``status``."""
+
+    def __init__(self, message: str, status: GrpcStatus = GrpcStatus.INVALID_ARGUMENT):
+        super().__init__(message)
+        self.status = status
 
 
 def parse_message(parse: Callable[[bytes | memoryview], Any], data: bytes | memoryview) -> Any:
@@ -141,5 +172,3 @@ def parse_message(parse: Callable[[bytes | memoryview], Any], data: bytes | memo
         return parse(data)
     except DecodeError as exc:
         raise BadMessage(f"request message does not parse: {exc}") from None
-
-

@@ -1,14 +1,12 @@
-"""HTTP/2 and gRPC wire facts (RFC 9113, gRPC over HTTP/2): frames, settings, status texts.
+"""HTTP/2 wire facts (RFC 9113): frame layout, flags, settings, error codes, header blocks.
 
-Pure functions and constants; the connection that uses them lives in ``connection.py``.
+Pure functions and constants; gRPC's own layer over them is in ``wire.py``.
 """
 
 from __future__ import annotations
 
 import enum
-import gzip
 import struct
-import zlib
 from typing import TypeAlias, TypeVar
 
 import hpack
@@ -137,75 +135,6 @@ def references_only(block: bytes) -> bool:
     return True
 
 
-# -- gRPC over HTTP/2 ------------------------------------------------------------------------
-class GrpcStatus(enum.IntEnum):
-    """The ``grpc-status`` codes."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    ALREADY_EXISTS = 6
-    PERMISSION_DENIED = 7
-    RESOURCE_EXHAUSTED = 8
-    FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    DATA_LOSS = 15
-    UNAUTHENTICATED = 16
-
-
-_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-
-
-def parse_timeout(value: str) -> float:
-    """``grpc-timeout`` (up to 8 digits and a unit) in seconds; ValueError if malformed."""
-    digits, unit = value[:-1], value[-1:]
-    if not (digits.isascii() and digits.isdigit()) or len(digits) > 8 or \
-            unit not in _TIMEOUT_UNITS:
-        raise ValueError(f"malformed grpc-timeout '{value}'")
-    return int(digits) * _TIMEOUT_UNITS[unit]
-
-
-def encode_status_message(message: str) -> bytes:
-    """``grpc-message``: UTF-8, percent-encoding everything outside printable ASCII and '%'."""
-    out = bytearray()
-    for byte in message.encode("utf-8", "replace"):
-        if 0x20 <= byte <= 0x7E and byte != 0x25:
-            out.append(byte)
-        else:
-            out += b"%%%02X" % byte
-    return bytes(out)
-
-
-ACCEPTED_ENCODINGS = b"identity,deflate,gzip"
-
-
-def decompress(data: bytes | memoryview, encoding: str, limit: int) -> bytes:
-    """A compressed message's bytes; ValueError for an unknown encoding, corrupt data or a
-    result over ``limit`` bytes."""
-    if encoding == "gzip":
-        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    elif encoding == "deflate":
-        inflater = zlib.decompressobj()
-    else:
-        raise ValueError(f"message compressed with unsupported encoding '{encoding}'")
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except (zlib.error, gzip.BadGzipFile) as exc:
-        raise ValueError(f"corrupt {encoding} message: {exc}") from None
-    if len(out) > limit:
-        raise ValueError(f"decompressed message is larger than {limit} bytes")
-    if not inflater.eof or inflater.unused_data:
-        raise ValueError(f"corrupt {encoding} message: truncated or followed by extra bytes")
-    return out
-
-
 # Header blocks the server sends. The encoder never adds to its dynamic table, so a block
 # encoded once is valid on every connection.
 _ENCODER = hpack.Encoder()
@@ -215,25 +144,3 @@ def header_block(*headers: tuple[bytes, bytes]) -> bytes:
     """An HPACK block of literal fields that leaves both tables as they were."""
     return _ENCODER.encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers],
                            huffman=False)
-
-
-RESPONSE_HEADERS = header_block((b":status", b"200"), (b"content-type", b"application/grpc"),
-                                (b"grpc-accept-encoding", ACCEPTED_ENCODINGS))
-OK_TRAILERS = header_block((b"grpc-status", b"0"))
-_MAX_STATUS_MESSAGE = 4096
-
-
-def trailers_block(status: int, message: str, headers_sent: bool) -> bytes:
-    """The block that ends a call (with the response headers when none were sent)."""
-    fields = [(b"grpc-status", str(int(status)).encode())]
-    if message:
-        fields.append((b"grpc-message", encode_status_message(message[:_MAX_STATUS_MESSAGE])))
-    if not headers_sent:  # trailers-only response
-        fields = [(b":status", b"200"), (b"content-type", b"application/grpc"),
-                  (b"grpc-accept-encoding", ACCEPTED_ENCODINGS), *fields]
-    return header_block(*fields)
-
-
-def length_prefixed(body: bytes) -> bytes:
-    """A gRPC message on the wire: uncompressed flag, 4-byte length, bytes."""
-    return b"\x00" + len(body).to_bytes(4, "big") + body

@@ -9,8 +9,8 @@ from typing import Any
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
-from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.inflight import InFlight
 from tritium.core.request import InferenceRequest
 from tritium.core.response import ResponseStream
 from tritium.core.service import InferenceService
@@ -24,12 +24,6 @@ _SHARED_MEMORY = TritiumError(
     ErrorCode.UNSUPPORTED, "shared memory is not supported by this server; send tensor data "
     "in the request instead"
 )
-
-
-def ended_reason(call: Call) -> CancelReason:
-    """Why a call ended under its handler. The transport says why when it ended the call;
-    otherwise the call failed on bytes its client sent, and its requests answer nobody."""
-    return call.cancel_reason or CancelReason.CLIENT_CANCELLED
 
 
 class InferenceServicer:
@@ -115,82 +109,60 @@ class InferenceServicer:
 
     # -- inference -------------------------------------------------------------
     async def ModelInfer(self, message: Any, call: Call) -> list[bytes | memoryview]:
+        # The call's cancellation: the transport cancels it however the call ends early.
         request = codec.decode_infer_request(message)
-        cancellation = Cancellation(self.service.loop)
-        try:
-            response = await self.service.infer(request, cancellation)
-        except asyncio.CancelledError:
-            # The call ended under us: client cancel, deadline, dropped connection, shutdown.
-            cancellation.cancel(ended_reason(call))
-            raise
+        response = await self.service.infer(request, call.cancellation)
         return codec.serialize_infer_response(response, request)
 
     async def ModelStreamInfer(self, call: Call) -> None:
-        session = StreamSession(self.service, call)
-        try:
-            await session.run()
-        except BaseException:
-            session.cancel_all(ended_reason(call))
-            raise
-        finally:
-            session.close()
+        await StreamSession(self.service, call).run()
 
 
 class StreamSession:
     """One ModelStreamInfer call: requests run concurrently, and each response is written
     the moment it is ready. The call ends once the client half-closed and every request
-    has answered."""
+    has answered. At most ``max_stream_requests`` run at once; the next message is not
+    read until one finishes, so a client that sends more stalls on its window."""
 
     def __init__(self, service: InferenceService, call: Call):
         self.service = service
         self.call = call
-        self.in_flight: dict[InferenceRequest, Cancellation] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
-        self._drained: asyncio.Future[None] | None = None
+        self.in_flight: InFlight[asyncio.Task[None]] = InFlight()
+        self._room: asyncio.Event = asyncio.Event()
+        self._limit = call.conn.limits.max_stream_requests
 
     async def run(self) -> None:
         async for message in self.call.requests():
             self._start(message)
-        while self.in_flight:
-            self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
-
-    def close(self) -> None:
-        """Stop this call's forwarders (they are done unless it ended early)."""
-        for task in list(self.tasks):
-            task.cancel()
+            while len(self.in_flight) >= self._limit:
+                self._room.clear()
+                await self._room.wait()
+        await self.in_flight.wait_empty()
 
     def _start(self, message: Any) -> None:
         try:
             request = codec.decode_infer_request(message)
-            cancellation = Cancellation(self.service.loop)
-            stream = self.service.submit(request, cancellation)
+            # Each request follows the call: its end cancels them all with its reason.
+            stream = self.service.submit(request, self.call.cancellation.child())
         except TritiumError as exc:
             self.call.write(codec.encode_stream_error(exc, message.id))
             return
-        self.in_flight[request] = cancellation
         task = asyncio.ensure_future(self._forward(request, stream))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.in_flight.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.discard(task)
+        self._room.set()
 
     async def _forward(self, request: InferenceRequest, stream: ResponseStream) -> None:
         call = self.call
-        try:
-            async for response in stream:
-                message = codec.encode_stream_response(response, request)
-                if message is not None:
-                    call.write(message)
-                    if call.blocked:
-                        await call.drain()
-        finally:
-            self.in_flight.pop(request, None)
-            if not self.in_flight and self._drained is not None and not self._drained.done():
-                self._drained.set_result(None)
-
-    def cancel_all(self, reason: CancelReason) -> None:
-        """The call ended early: nobody will read what its requests would answer."""
-        for cancellation in list(self.in_flight.values()):
-            cancellation.cancel(reason)
+        async for response in stream:
+            message = codec.encode_stream_response(response, request)
+            if message is not None:
+                call.write(message)
+                if call.blocked:
+                    await call.drain()
 
 
 class HealthServicer:

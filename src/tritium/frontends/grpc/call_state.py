@@ -1,0 +1,56 @@
+"""Where a gRPC call (one HTTP/2 stream) is in its life, and the only moves it can make.
+
+The client's half and ours close separately (RFC 9113 §5.1): the client half-closes when its
+request is whole; ours closes with the trailers, which may wait behind data the peer has no
+window for yet. A move the table does not list is the peer breaking the protocol.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class CallState(enum.Enum):
+    OPEN = "open"  # the request may still arrive; the reply is not decided
+    HALF_CLOSED = "half-closed"  # the client sent END_STREAM: the whole request is in
+    ENDING = "ending"  # the outcome is decided; data and trailers wait for window
+    ENDING_HALF_CLOSED = "ending, half-closed"
+    CLOSED = "closed"  # nothing more is sent or received for it
+
+
+class CallEvent(enum.Enum):
+    END_STREAM = "the client half-closed"
+    END = "this side decided the outcome"
+    FLUSHED = "everything queued for the call is written"
+    RESET = "the stream was reset"
+    LOST = "the connection is gone"
+
+
+_MOVES: dict[tuple[CallState, CallEvent], CallState] = {
+    (CallState.OPEN, CallEvent.END_STREAM): CallState.HALF_CLOSED,
+    (CallState.OPEN, CallEvent.END): CallState.ENDING,
+    (CallState.HALF_CLOSED, CallEvent.END): CallState.ENDING_HALF_CLOSED,
+    (CallState.ENDING, CallEvent.END_STREAM): CallState.ENDING_HALF_CLOSED,
+    (CallState.ENDING, CallEvent.FLUSHED): CallState.CLOSED,
+    (CallState.ENDING_HALF_CLOSED, CallEvent.FLUSHED): CallState.CLOSED,
+}
+for _state in (CallState.OPEN, CallState.HALF_CLOSED, CallState.ENDING,
+               CallState.ENDING_HALF_CLOSED):
+    _MOVES[_state, CallEvent.RESET] = CallState.CLOSED
+    _MOVES[_state, CallEvent.LOST] = CallState.CLOSED
+
+# States in which the reply is decided: a handler's late answer is dropped.
+DECIDED = frozenset({CallState.ENDING, CallState.ENDING_HALF_CLOSED, CallState.CLOSED})
+# States in which the client has finished sending.
+CLIENT_DONE = frozenset({CallState.HALF_CLOSED, CallState.ENDING_HALF_CLOSED})
+
+
+class IllegalMove(Exception):
+    """An event that cannot happen in the call's state (from the peer: a stream error)."""
+
+
+def next_state(state: CallState, event: CallEvent) -> CallState:
+    try:
+        return _MOVES[state, event]
+    except KeyError:
+        raise IllegalMove(f"{event.value} while the call is {state.value}") from None

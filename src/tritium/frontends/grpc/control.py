@@ -1,0 +1,135 @@
+"""A connection's control frames: SETTINGS both ways, PING, and the send windows that
+WINDOW_UPDATE and SETTINGS_INITIAL_WINDOW_SIZE move."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tritium.frontends.grpc.frames import Frame
+from tritium.frontends.grpc.http2 import (
+    ACK,
+    DEFAULT_MAX_FRAME,
+    DEFAULT_WINDOW,
+    MAX_FRAME_LIMIT,
+    MAX_WINDOW,
+    FrameType,
+    H2Error,
+    ProtocolViolation,
+    Setting,
+    frame,
+    parse_settings,
+    settings_payload,
+    window_update,
+)
+from tritium.frontends.grpc.windows import SendWindow, WindowError
+
+if TYPE_CHECKING:
+    from tritium.frontends.grpc.connection import GrpcConnection
+
+
+class Control:
+    def __init__(self, conn: GrpcConnection):
+        self._conn = conn
+        self.send_window = SendWindow(DEFAULT_WINDOW)  # the connection's, granted by the peer
+        self.peer_initial_window = DEFAULT_WINDOW
+
+    def open(self) -> None:
+        """Our side of the connection preface, once the client's has arrived (an HTTP/1.1
+        client that came here by mistake then reads a plain 400, not HTTP/2 frames)."""
+        limits = self._conn.limits
+        settings = settings_payload({
+            Setting.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+            Setting.INITIAL_WINDOW_SIZE: limits.stream_window,
+            Setting.MAX_FRAME_SIZE: limits.max_frame_bytes,
+            Setting.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
+            Setting.ENABLE_PUSH: 0,
+        })
+        out = self._conn.outbox.out
+        out.append(frame(FrameType.SETTINGS, 0, 0, settings))
+        out.append(window_update(0, limits.connection_window - DEFAULT_WINDOW))
+
+    def on_settings(self, found: Frame) -> None:
+        conn = self._conn
+        if found.stream_id:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if found.flags & ACK:
+            if found.payload:
+                raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if not conn.flood.allow_settings(conn.now()):
+            raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "too many SETTINGS frames")
+        grown = self._apply(parse_settings(bytes(found.payload)))
+        # In the one output buffer, the ACK precedes every frame that relies on the new
+        # values: the client judges our frames by its settings as acknowledged.
+        conn.outbox.out.append(frame(FrameType.SETTINGS, ACK, 0))
+        if grown:
+            conn.outbox.pump_blocked()
+
+    def _apply(self, values: dict[int, int]) -> bool:
+        """Take the peer's settings; True if stream windows grew."""
+        grown = False
+        for key, value in values.items():
+            if key == Setting.INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, "window too large")
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for call in self._conn.calls.values():
+                    try:
+                        call.send_window.grow(delta)
+                    except WindowError:
+                        raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR,
+                                                "stream window grown past 2^31-1") from None
+                grown = grown or delta > 0
+            elif key == Setting.MAX_FRAME_SIZE and not (
+                    DEFAULT_MAX_FRAME <= value <= MAX_FRAME_LIMIT):
+                # Valid values are only checked: frames stay at 16 KiB, which every peer
+                # accepts whatever its setting is at the moment (gRPC clients move theirs
+                # with their bandwidth estimate).
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "invalid MAX_FRAME_SIZE")
+            elif key == Setting.ENABLE_PUSH and value > 1:
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "invalid ENABLE_PUSH")
+        return grown
+
+    def on_ping(self, found: Frame) -> None:
+        conn = self._conn
+        if found.stream_id:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PING on a stream")
+        if len(found.payload) != 8:
+            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "PING payload is not 8 bytes")
+        if found.flags & ACK:
+            return
+        if not conn.flood.allow_ping(conn.now()):
+            raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "too_many_pings")
+        conn.outbox.out.append(frame(FrameType.PING, ACK, 0, found.payload))
+
+    def on_window_update(self, found: Frame) -> None:
+        conn = self._conn
+        if len(found.payload) != 4:
+            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "WINDOW_UPDATE is not 4 bytes")
+        increment = int.from_bytes(found.payload, "big") & 0x7FFFFFFF
+        stream_id = found.stream_id
+        if stream_id == 0:
+            if not increment:
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "zero WINDOW_UPDATE")
+            try:
+                self.send_window.grow(increment)
+            except WindowError:
+                raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, "window overflow") from None
+            conn.outbox.pump_blocked()
+            return
+        call = conn.calls.get(stream_id)
+        if call is None:
+            if conn.is_idle_stream(stream_id):
+                raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+            return  # a stream that just closed: the peer had not seen it yet
+        if not increment:
+            conn.stream_error(call, H2Error.PROTOCOL_ERROR)
+            return
+        try:
+            call.send_window.grow(increment)
+        except WindowError:
+            conn.stream_error(call, H2Error.FLOW_CONTROL_ERROR)
+            return
+        if call.pending:
+            conn.outbox.pump(call)

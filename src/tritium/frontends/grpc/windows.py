@@ -1,0 +1,100 @@
+"""HTTP/2 flow control, one object per direction, and the server's budget of request bytes.
+
+``SendWindow`` is the credit a peer granted us; ``RecvWindow`` the credit we granted it, which
+a peer that sends more than it was given overruns (a FLOW_CONTROL_ERROR). Credit is returned
+only as bytes are consumed, so a peer that sends faster than the server takes its messages
+stalls on its own window instead of filling the server's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tritium.frontends.grpc.http2 import MAX_WINDOW
+
+
+class WindowError(Exception):
+    """A peer broke flow control: it overran a window or grew one past 2^31-1."""
+
+
+class SendWindow:
+    """Bytes we may still send; may go negative when the peer shrinks its initial window."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def grow(self, increment: int) -> None:
+        if self.size + increment > MAX_WINDOW:
+            raise WindowError("window grown past 2^31-1")
+        self.size += increment
+
+    def spend(self, count: int) -> None:
+        self.size -= count
+
+
+class RecvWindow:
+    """Bytes the peer may still send; ``consume`` says what credit to return now.
+
+    Credit is returned in batches of at least half the window, so a stream of small
+    messages costs one WINDOW_UPDATE per half window, not one per message.
+    """
+
+    __slots__ = ("available", "size", "unreturned")
+
+    def __init__(self, size: int):
+        self.size = size
+        self.available = size
+        self.unreturned = 0
+
+    def receive(self, count: int) -> None:
+        if count > self.available:
+            raise WindowError(f"peer sent {count} bytes with {self.available} of window left")
+        self.available -= count
+
+    def consume(self, count: int) -> int:
+        """``count`` received bytes are no longer held; returns the increment to announce
+        (0 while the batch is small)."""
+        self.unreturned += count
+        if self.unreturned < self.size // 2:
+            return 0
+        increment, self.unreturned = self.unreturned, 0
+        self.available += increment
+        return increment
+
+
+class ByteBudget:
+    """Request bytes the whole server may hold at once in messages still arriving.
+
+    A message reserves its announced size before its bytes are credited; when the budget is
+    spent, the reservation waits (its stream's credit is withheld, so its peer stalls) and is
+    retried, oldest first, as other messages release theirs.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._waiting: dict[object, Callable[[], None]] = {}
+
+    def reserve(self, count: int) -> bool:
+        if self.held + count > self.limit:
+            return False
+        self.held += count
+        return True
+
+    def release(self, count: int) -> None:
+        self.held -= count
+        if self._waiting:
+            for key, retry in list(self._waiting.items()):
+                if self._waiting.pop(key, None) is not None:
+                    retry()
+                if self.held >= self.limit:
+                    break
+
+    def wait(self, key: object, retry: Callable[[], None]) -> None:
+        """Call ``retry`` once bytes are released (``retry`` may call ``wait`` again)."""
+        self._waiting[key] = retry
+
+    def forget(self, key: object) -> None:
+        self._waiting.pop(key, None)
