@@ -39,6 +39,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
 def _cores(text: str) -> frozenset[int]:
     """"0", "0,2", "0-3": the CPU cores the server may run on."""
     cores: set[int] = set()
@@ -98,7 +105,27 @@ def build_parser() -> argparse.ArgumentParser:
              "itself runs on every core): auto (the idlest core at startup), a core "
              "number, or none to leave threads where the OS puts them")
     _add_access_flags(serve)
+    _add_http_limit_flags(serve)
     return parser
+
+
+def _add_http_limit_flags(serve: argparse.ArgumentParser) -> None:
+    """tritium's own: Triton has no flags for these bounds."""
+    add = serve.add_argument
+    add("--http-header-timeout-secs", type=_positive_float, default=30.0,
+        help="HTTP (and metrics): a request line and headers must arrive within this long")
+    add("--http-keepalive-timeout-secs", type=_positive_float, default=75.0,
+        help="HTTP: an idle keep-alive connection is closed after this long")
+    add("--http-body-timeout-secs", type=_positive_float, default=60.0,
+        help="HTTP: a request body may pause this long at most; then 408 and close")
+    add("--http-min-body-rate", type=_positive_float, default=240.0,
+        help="HTTP: slowest average pace of a request body, bytes/s, after a 5 s grace; "
+             "a slower body gets 408 and close")
+    add("--http-send-timeout-secs", type=_positive_float, default=60.0,
+        help="HTTP: a client that reads none of its response for this long is disconnected")
+    add("--http-max-connections", type=_positive, default=None,
+        help="HTTP: most open connections; more are answered 503 and closed "
+             "(default: a quarter of the open-file limit, ulimit -n)")
 
 
 def _add_access_flags(serve: argparse.ArgumentParser) -> None:
@@ -171,6 +198,12 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
         http_max_input_size=args.http_max_input_size,
+        http_header_timeout_secs=args.http_header_timeout_secs,
+        http_keepalive_timeout_secs=args.http_keepalive_timeout_secs,
+        http_body_timeout_secs=args.http_body_timeout_secs,
+        http_min_body_rate=args.http_min_body_rate,
+        http_send_timeout_secs=args.http_send_timeout_secs,
+        http_max_connections=args.http_max_connections,
         cpu_cores=args.cpu_cores,
         python_threads_core=args.python_threads_core,
         http_restricted_apis=_restrictions("http-restricted-api", args.http_restricted_api, "api"),

@@ -32,6 +32,11 @@ class ServerConfig:
     http_max_input_size: int = 64 * 1024 * 1024
     http_header_timeout_secs: float = 30.0
     http_keepalive_timeout_secs: float = 75.0
+    # tritium's own bounds on what an HTTP peer may hold (frontends/http/limits.py).
+    http_body_timeout_secs: float = 60.0
+    http_min_body_rate: float = 240.0
+    http_send_timeout_secs: float = 60.0
+    http_max_connections: int | None = None  # None: a quarter of the open-file limit
     cpu_cores: frozenset[int] | None = None
     python_threads_core: str = "auto"  # see execution/placement.py
     # Access control: groups served only with a header (core/restrictions.py), and TLS.

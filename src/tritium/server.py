@@ -56,7 +56,7 @@ async def serve(config: ServerConfig) -> int:
     try:
         http = await _start_http(config, service) if config.allow_http else None
         grpc = await _start_grpc(config, service) if config.allow_grpc else None
-        metrics = _start_metrics(config, manager) if config.allow_metrics else None
+        metrics = await _start_metrics(config, manager) if config.allow_metrics else None
     except (OSError, TlsError) as exc:  # the port is taken, the address is not ours, ...
         log.error("cannot listen: %s", exc)
         await manager.shutdown()
@@ -99,12 +99,20 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop
     return service, manager
 
 
-async def _start_http(config: ServerConfig, service: InferenceService) -> HttpServer:
-    limits = HttpLimits(
+def _http_limits(config: ServerConfig) -> HttpLimits:
+    return HttpLimits(
         max_body_bytes=config.http_max_input_size,
         header_timeout_s=config.http_header_timeout_secs,
         keepalive_timeout_s=config.http_keepalive_timeout_secs,
+        body_timeout_s=config.http_body_timeout_secs,
+        min_body_rate=config.http_min_body_rate,
+        send_timeout_s=config.http_send_timeout_secs,
+        max_connections=config.http_max_connections,
     )
+
+
+async def _start_http(config: ServerConfig, service: InferenceService) -> HttpServer:
+    limits = _http_limits(config)
     app = http_restricted.restrict(HttpApi(service, config.http_max_input_size),
                                    config.http_restricted_apis)
     server = await start_http_server(app, config.http_address, config.http_port, limits,
@@ -147,13 +155,12 @@ def _start_poller(config: ServerConfig, manager: ModelManager) -> RepositoryPoll
     return poller
 
 
-def _start_metrics(config: ServerConfig, manager: ModelManager) -> MetricsServer:
+async def _start_metrics(config: ServerConfig, manager: ModelManager) -> MetricsServer:
     from tritium.backends.python.metric import MetricFamily
 
     # Families that models create with pb_utils.MetricFamily appear next to Triton's.
-    server = MetricsServer(manager.loaded_models, config.metrics_address, config.metrics_port,
-                           custom=MetricFamily.snapshots)
-    server.start()
+    server = MetricsServer(manager.loaded_models, custom=MetricFamily.snapshots)
+    await server.start(config.metrics_address, config.metrics_port, _http_limits(config))
     log.info("metrics endpoint listening on %s:%d", config.metrics_address, server.port)
     return server
 
@@ -225,7 +232,7 @@ async def _shutdown(config: ServerConfig, service: InferenceService, manager: Mo
         await polling_stopped
     await manager.shutdown()
     if listeners.metrics is not None:
-        listeners.metrics.stop()
+        await listeners.metrics.stop()
     log.info("shutdown complete: %d request(s) drained, %d cancelled",
              report.drained, report.cancelled)
     return 0

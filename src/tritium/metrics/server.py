@@ -1,64 +1,94 @@
-"""Serves ``/metrics`` on its own port, from a thread, in Prometheus text format."""
+"""Serves ``/metrics`` in Prometheus text format on its own port, over the HTTP transport."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import logging
 import re
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from socketserver import ThreadingMixIn
+from collections.abc import Callable, Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from tritium.frontends.http.exchange import HttpExchange
+from tritium.frontends.http.limits import HttpLimits
+from tritium.frontends.http.transport import HttpServer, start_http_server
 from tritium.metrics.collector import TritonCollector
 
 log = logging.getLogger("tritium.metrics")
+
+# Scrapers are few and send no bodies: the port needs far less than the inference port.
+MAX_CONNECTIONS = 64
+MAX_BODY_BYTES = 64 * 1024
+CLOSE_WAIT_S = 2.0
 
 # prometheus-client names every counter family "<name>_total" in its HELP and TYPE lines;
 # Triton's counters carry no such suffix, and dashboards and Triton's own tests match the
 # bare names, so the header lines are renamed to the names the samples use.
 _TOTAL_HEADER = re.compile(rb"^# (HELP|TYPE) (\w+)_total ", re.MULTILINE)
+_TEXT = [("Content-Type", "text/plain")]
 
 
 def render(registry: CollectorRegistry) -> bytes:
     return _TOTAL_HEADER.sub(rb"# \1 \2 ", generate_latest(registry))
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("metrics: " + format, *args)
+def metrics_limits(http: HttpLimits) -> HttpLimits:
+    """The inference port's waits, with the metrics port's own byte and connection caps."""
+    cap = MAX_CONNECTIONS if http.max_connections is None else min(MAX_CONNECTIONS,
+                                                                   http.max_connections)
+    return dataclasses.replace(http, max_body_bytes=MAX_BODY_BYTES, max_connections=cap)
 
 
 class MetricsServer:
-    def __init__(self, models: Callable[[], Iterable[Any]], address: str, port: int,
+    """The exposition is rendered on a worker thread, keeping the loop free while it reads
+    every model's statistics; scrapes that arrive during a render share its result."""
+
+    def __init__(self, models: Callable[[], Iterable[Any]],
                  custom: Callable[[], Iterable[Any]] | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(TritonCollector(models, custom))
-        self._httpd = make_server(address, port, self._app, _Server, handler_class=_QuietHandler)
-        self.port: int = self._httpd.server_port
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics",
-                                        daemon=True)
+        self._server: HttpServer | None = None
+        self._rendering: asyncio.Future[bytes] | None = None
 
-    def start(self) -> None:
-        self._thread.start()
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() first"
+        return self._server.port
 
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+    async def start(self, address: str, port: int, limits: HttpLimits) -> None:
+        self._server = await start_http_server(self, address, port, metrics_limits(limits),
+                                               name="metrics")
 
-    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
-        if environ.get("PATH_INFO") != "/metrics":
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return iter([b"Not Found"])
-        if environ.get("REQUEST_METHOD") != "GET":
-            start_response("405 Method Not Allowed", [("Content-Type", "text/plain")])
-            return iter([b"Method Not Allowed"])
-        body = render(self.registry)
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
-        return iter([body])
+    async def stop(self) -> None:
+        """Stop listening and close every connection, waiting briefly for scrapes underway."""
+        server = self._server
+        if server is None:
+            return
+        server.close()
+        server.close_idle_connections()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await server.wait_closed()
+
+    async def __call__(self, exchange: HttpExchange) -> None:
+        request = exchange.request
+        if request.path != "/metrics":
+            exchange.respond(404, _TEXT, b"Not Found")
+        elif request.method != "GET":
+            exchange.respond(405, _TEXT, b"Method Not Allowed")
+        else:
+            exchange.respond(200, [("Content-Type", CONTENT_TYPE_LATEST)], await self._render())
+
+    async def _render(self) -> bytes:
+        rendering = self._rendering
+        if rendering is None:
+            loop = asyncio.get_running_loop()
+            rendering = self._rendering = loop.run_in_executor(None, render, self.registry)
+            rendering.add_done_callback(self._rendered)
+        return await asyncio.shield(rendering)
+
+    def _rendered(self, _: asyncio.Future[bytes]) -> None:
+        self._rendering = None
