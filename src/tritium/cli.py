@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tritium.config import BUNDLED_REPOSITORY, ServerConfig
+from tritium.config import BUNDLED_REPOSITORY, GrpcLimitSettings, ServerConfig
 from tritium.core.restrictions import GROUP_NAMES, Restriction, parse_restrictions
 from tritium.execution.placement import ThreadPlacement, install
 from tritium.repository.manager import ControlMode
@@ -106,7 +106,33 @@ def build_parser() -> argparse.ArgumentParser:
              "number, or none to leave threads where the OS puts them")
     _add_access_flags(serve)
     _add_http_limit_flags(serve)
+    _add_grpc_limit_flags(serve)
     return parser
+
+
+def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
+    """tritonserver's ping-policy flags, and tritium's own bounds on a gRPC peer."""
+    add = serve.add_argument
+    add("--grpc-http2-max-ping-strikes", type=int, default=2,
+        help="gRPC: pings sooner than the minimum interval (with no reply data between) that "
+             "a client may send before its connection is closed with ENHANCE_YOUR_CALM")
+    add("--grpc-http2-min-recv-ping-interval-without-data", type=_positive, default=300_000,
+        metavar="MS", help="gRPC: the minimum interval between a client's pings, in ms")
+    add("--grpc-max-connections", type=_positive, default=None,
+        help="gRPC: most open connections; more are closed at once "
+             "(default: a quarter of the open-file limit, ulimit -n)")
+    add("--grpc-idle-timeout-secs", type=_positive_float, default=300.0,
+        help="gRPC: a connection with no call for this long is closed with GOAWAY")
+    add("--grpc-preface-timeout-secs", type=_positive_float, default=20.0,
+        help="gRPC: a connection must send the HTTP/2 preface within this long")
+    add("--grpc-message-timeout-secs", type=_positive_float, default=60.0,
+        help="gRPC: a request message that stops arriving for this long ends its call")
+    add("--grpc-max-buffered-bytes", type=_positive, default=2**31 - 1,
+        help="gRPC: request bytes the server holds at most in messages not yet taken by their "
+             "handlers, over all connections; a larger message is refused")
+    add("--grpc-max-stream-requests", type=_positive, default=256,
+        help="gRPC: requests one ModelStreamInfer call may have in flight; the client's "
+             "further messages wait unread")
 
 
 def _add_http_limit_flags(serve: argparse.ArgumentParser) -> None:
@@ -204,6 +230,15 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         http_min_body_rate=args.http_min_body_rate,
         http_send_timeout_secs=args.http_send_timeout_secs,
         http_max_connections=args.http_max_connections,
+        grpc_limits=GrpcLimitSettings(
+            max_ping_strikes=args.grpc_http2_max_ping_strikes,
+            min_ping_interval_ms=args.grpc_http2_min_recv_ping_interval_without_data,
+            max_connections=args.grpc_max_connections,
+            idle_timeout_secs=args.grpc_idle_timeout_secs,
+            preface_timeout_secs=args.grpc_preface_timeout_secs,
+            message_timeout_secs=args.grpc_message_timeout_secs,
+            max_buffered_bytes=args.grpc_max_buffered_bytes,
+            max_stream_requests=args.grpc_max_stream_requests),
         cpu_cores=args.cpu_cores,
         python_threads_core=args.python_threads_core,
         http_restricted_apis=_restrictions("http-restricted-api", args.http_restricted_api, "api"),

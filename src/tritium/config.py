@@ -13,6 +13,20 @@ BUNDLED_REPOSITORY = Path(__file__).parent / "example_repository"
 
 
 @dataclass(frozen=True, slots=True)
+class GrpcLimitSettings:
+    """What the flags say of the gRPC transport's bounds (frontends/grpc/call.py GrpcLimits)."""
+
+    max_ping_strikes: int = 2
+    min_ping_interval_ms: int = 300_000
+    max_connections: int | None = None  # None: a quarter of the open-file limit
+    idle_timeout_secs: float = 300.0
+    preface_timeout_secs: float = 20.0
+    message_timeout_secs: float = 60.0
+    max_buffered_bytes: int = 2**31 - 1
+    max_stream_requests: int = 256
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     model_repositories: tuple[Path, ...] = (BUNDLED_REPOSITORY,)
     http_address: str = "0.0.0.0"
@@ -37,6 +51,7 @@ class ServerConfig:
     http_min_body_rate: float = 240.0
     http_send_timeout_secs: float = 60.0
     http_max_connections: int | None = None  # None: a quarter of the open-file limit
+    grpc_limits: GrpcLimitSettings = field(default_factory=GrpcLimitSettings)
     cpu_cores: frozenset[int] | None = None
     python_threads_core: str = "auto"  # see execution/placement.py
     # Access control: groups served only with a header (core/restrictions.py), and TLS.

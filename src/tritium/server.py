@@ -12,12 +12,14 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from tritium.config import ServerConfig
+from tritium.config import GrpcLimitSettings, ServerConfig
 from tritium.core.service import InferenceService
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.frontends.grpc import restricted as grpc_restricted
-from tritium.frontends.grpc.server import GrpcServer, start_grpc_server
+from tritium.frontends.grpc.call import GrpcLimits
+from tritium.frontends.grpc.flood import FloodLimits
+from tritium.frontends.grpc.server import GrpcServer, default_connection_cap, start_grpc_server
 from tritium.frontends.grpc.servicer import HealthServicer, InferenceServicer, router
 from tritium.frontends.http import restricted as http_restricted
 from tritium.frontends.http.handlers import HttpApi
@@ -126,10 +128,25 @@ async def _start_grpc(config: ServerConfig, service: InferenceService) -> GrpcSe
     routes = grpc_restricted.restrict(router(InferenceServicer(service), HealthServicer(service)),
                                       config.grpc_restricted_protocols)
     server = await start_grpc_server(routes, config.grpc_address, config.grpc_port,
+                                     limits=grpc_limits(config.grpc_limits),
                                      ssl_context=_tls_context(config.grpc_tls, ["h2"]))
     log.info("gRPC endpoint listening on %s:%d%s", config.grpc_address, server.port,
              _tls_note(config.grpc_tls))
     return server
+
+
+def grpc_limits(settings: GrpcLimitSettings) -> GrpcLimits:
+    """The transport's limits from what the flags say."""
+    return GrpcLimits(
+        max_buffered_bytes=settings.max_buffered_bytes,
+        max_connection_buffered_bytes=settings.max_buffered_bytes,
+        max_stream_requests=settings.max_stream_requests,
+        preface_timeout_s=settings.preface_timeout_secs,
+        idle_timeout_s=settings.idle_timeout_secs,
+        message_progress_timeout_s=settings.message_timeout_secs,
+        max_connections=settings.max_connections or default_connection_cap(),
+        flood=FloodLimits(max_ping_strikes=settings.max_ping_strikes,
+                          min_ping_interval_s=settings.min_ping_interval_ms / 1000))
 
 
 def _tls_context(settings: TlsSettings | None, alpn: list[str]) -> ssl.SSLContext | None:
