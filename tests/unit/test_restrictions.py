@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from types import SimpleNamespace
 from typing import Any
 
@@ -193,6 +194,10 @@ async def _stream(call: Any) -> None:
     call.served = True
 
 
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
 def _routes() -> dict[str, Rpc]:
     return {
         "/inference.GRPCInferenceService/ModelInfer": Rpc(pb.ModelInferRequest, unary=_unary),
@@ -215,25 +220,24 @@ def test_only_methods_of_restricted_groups_are_wrapped() -> None:
 @pytest.mark.parametrize("headers", [{}, {"triton-grpc-protocol-k": "w"}, {"k": "v"}])
 def test_a_guarded_call_without_the_header_ends_unavailable(headers: dict[str, str]) -> None:
     guarded = grpc_restricted.restrict(_routes(), [Restriction(ApiGroup.INFERENCE, "k", "v")])
-    call = SimpleNamespace(headers=headers, served=False)
+    call: Any = SimpleNamespace(headers=headers, served=False)  # what a handler reads of a Call
     expected = "This protocol is restricted, expecting header 'triton-grpc-protocol-k'"
     unary = guarded["/inference.GRPCInferenceService/ModelInfer"].unary
     stream = guarded["/inference.GRPCInferenceService/ModelStreamInfer"].stream
     assert unary is not None and stream is not None
-    attempts = (lambda: unary(None, call), lambda: stream(call))
-    for attempt in attempts:
+    for attempt in (unary(None, call), stream(call)):
         with pytest.raises(TritiumError) as refused:
-            asyncio.run(attempt())
+            asyncio.run(_awaited(attempt))
         assert (refused.value.code, refused.value.message) == (ErrorCode.UNAVAILABLE, expected)
     assert call.served is False
 
 
 def test_a_guarded_call_with_the_header_is_served() -> None:
     guarded = grpc_restricted.restrict(_routes(), [Restriction(ApiGroup.INFERENCE, "k", "v")])
-    call = SimpleNamespace(headers={"triton-grpc-protocol-k": "v"}, served=False)
+    call: Any = SimpleNamespace(headers={"triton-grpc-protocol-k": "v"}, served=False)
     unary = guarded["/inference.GRPCInferenceService/ModelInfer"].unary
     stream = guarded["/inference.GRPCInferenceService/ModelStreamInfer"].stream
     assert unary is not None and stream is not None
-    assert asyncio.run(unary(None, call)) == "served"
-    asyncio.run(stream(call))
+    assert asyncio.run(_awaited(unary(None, call))) == "served"
+    asyncio.run(_awaited(stream(call)))
     assert call.served is True
