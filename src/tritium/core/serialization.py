@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -15,33 +16,106 @@ Buffer = bytes | bytearray | memoryview
 _LENGTH = struct.Struct("<I")
 
 
-def split_length_prefixed(data: bytes, count: int, what: str, prefix: str = "") -> list[bytes]:
+# Work on at most this many elements per numpy call, so that a thread decoding a big tensor
+# off the event loop holds the GIL for a few milliseconds at a time.
+SLICE = 1 << 16
+_SCALAR_STEPS = 64  # elements walked one by one after a short run, before trying runs again
+
+
+def split_length_prefixed(data: Buffer, count: int, what: str, prefix: str = "") -> list[bytes]:
     """Split BYTES serialization into ``count`` elements.
 
     Error messages read "{prefix}<problem> {what}, ...": the caller names where the data came
     from (for example "for input 'x'") and may put a request id in ``prefix``.
     """
-    elements: list[bytes] = []
-    offset, end = 0, len(data)
-    unpack = _LENGTH.unpack_from
+    return bytes_from_binary(data, count, what, prefix).tolist()
+
+
+def bytes_from_binary(data: Buffer, count: int, what: str, prefix: str = "") -> np.ndarray:
+    """A 1-D object array of the ``count`` elements of a BYTES serialization."""
+    raw = data if isinstance(data, bytes) else memoryview(data).cast("B")
+    # Each element takes at least its 4-byte length: a count beyond that cannot be right,
+    # and the array for it is never allocated.
+    out = np.empty(count, dtype=object) if count <= len(raw) // 4 else None
+    found = 0
+    for run, elements in _runs(raw, what, prefix):
+        if out is not None and found + run <= count:
+            out[found : found + run] = elements
+        found += run
+    if found != count or out is None:
+        raise invalid(f"{prefix}expected {count} string elements {what}, got {found}")
+    return out
+
+
+def _runs(raw: Buffer, what: str, prefix: str) -> Iterator[tuple[int, Any]]:
+    """``(n, elements)`` for the next ``n`` elements, in order. Runs of equal sizes
+    (fixed-width strings, or a flood of empty ones) are found with one numpy comparison;
+    mixed sizes are walked one by one, a batch at a time."""
+    offset, end = 0, len(raw)
+    width = 16
     while offset < end:
+        size = _length_at(raw, offset, end, what, prefix)
+        stride = 4 + size
+        fits = min(width, (end - offset) // stride)
+        if fits < 2:
+            width = 16
+            offset = yield from _walk(raw, offset, end, what, prefix)
+            continue
+        lengths = np.ndarray((fits,), "<u4", raw, offset, (stride,))
+        differ = np.flatnonzero(lengths != size)
+        run = int(differ[0]) if differ.size else fits
+        if run < 4:
+            width = 16
+            offset = yield from _walk(raw, offset, end, what, prefix)
+            continue
+        yield run, _same_size(raw, offset, size, run)
+        offset += run * stride
+        if run == width:
+            width = min(width * 2, SLICE)
+
+
+def _walk(raw: Buffer, offset: int, end: int, what: str, prefix: str
+          ) -> Generator[tuple[int, Any], None, int]:
+    """Up to _SCALAR_STEPS elements, one by one; returns where it stopped."""
+    elements = []
+    unpack = _LENGTH.unpack_from
+    for _ in range(_SCALAR_STEPS):
+        if offset >= end:
+            break
         if end - offset < 4:
-            raise invalid(
-                f"{prefix}incomplete string length indicator {what}, expecting 4 bytes "
-                f"but only {end - offset} bytes available"
-            )
-        (size,) = unpack(data, offset)
+            raise _short_length(offset, end, what, prefix)
+        (size,) = unpack(raw, offset)
         offset += 4
         if offset + size > end:
             raise invalid(
                 f"{prefix}incomplete string data {what}, expecting {size} bytes but "
                 f"only {end - offset} bytes available"
             )
-        elements.append(data[offset : offset + size])
+        elements.append(bytes(raw[offset : offset + size]))
         offset += size
-    if len(elements) != count:
-        raise invalid(f"{prefix}expected {count} string elements {what}, got {len(elements)}")
-    return elements
+    yield len(elements), elements
+    return offset
+
+
+def _length_at(raw: Buffer, offset: int, end: int, what: str, prefix: str) -> int:
+    if end - offset < 4:
+        raise _short_length(offset, end, what, prefix)
+    size: int = _LENGTH.unpack_from(raw, offset)[0]
+    return size
+
+
+def _short_length(offset: int, end: int, what: str, prefix: str) -> TritiumError:
+    return invalid(
+        f"{prefix}incomplete string length indicator {what}, expecting 4 bytes "
+        f"but only {end - offset} bytes available"
+    )
+
+
+def _same_size(raw: Buffer, offset: int, size: int, run: int) -> Any:
+    if size == 0:
+        return b""
+    # Void items come out as bytes objects, trailing NULs kept (an 'S' dtype would drop them).
+    return np.ndarray((run,), f"V{size}", raw, offset + 4, (4 + size,)).tolist()
 
 
 def array_from_binary(
@@ -53,14 +127,15 @@ def array_from_binary(
     its own way); BYTES are checked here, ``what`` and ``prefix`` as for split_length_prefixed.
     """
     if datatype is DataType.BYTES:
-        return bytes_array(split_length_prefixed(bytes(data), count, what, prefix))
+        return bytes_from_binary(data, count, what, prefix)
     return np.frombuffer(data, dtype=datatype.numpy)
 
 
 def bytes_array(elements: Sequence[bytes]) -> np.ndarray:
     """A 1-D object array holding ``elements`` (numpy would otherwise make an 'S' array)."""
     array = np.empty(len(elements), dtype=object)
-    array[:] = elements
+    for start in range(0, len(elements), SLICE):
+        array[start : start + SLICE] = elements[start : start + SLICE]
     return array
 
 

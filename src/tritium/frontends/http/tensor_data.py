@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from tritium.core.errors import ErrorCode, TritiumError, invalid
-from tritium.core.serialization import bytes_array, bytes_elements, wire_array
+from tritium.core.serialization import SLICE, bytes_array, bytes_elements, wire_array
 from tritium.core.types import DataType, Tensor
 
 MAX_JSON_DEPTH = 100
@@ -62,13 +62,25 @@ _JSON_ELEMENT_TYPES: dict[DataType, frozenset[type]] = {
 
 
 def array_from_json(flat: list[Any], datatype: DataType, name: str) -> np.ndarray:
-    """A 1-D array of ``datatype`` from JSON scalars, refusing values of the wrong JSON type."""
+    """A 1-D array of ``datatype`` from JSON scalars, refusing values of the wrong JSON type.
+
+    A long list is converted a slice at a time (see ``core.offload``)."""
     allowed = _JSON_ELEMENT_TYPES.get(datatype)
     if allowed is None:
         raise invalid(
             f"receiving {datatype.wire} data via JSON is not supported. Please use the binary "
             f"data format for input {name}"
         )
+    if len(flat) <= SLICE:
+        return _convert(flat, datatype, name, allowed)
+    out = np.empty(len(flat), dtype=datatype.numpy)
+    for start in range(0, len(flat), SLICE):
+        out[start : start + SLICE] = _convert(flat[start : start + SLICE], datatype, name, allowed)
+    return out
+
+
+def _convert(flat: list[Any], datatype: DataType, name: str, allowed: frozenset[type]
+             ) -> np.ndarray:
     found = set(map(type, flat))
     if not found <= allowed:
         bad = sorted(t.__name__ for t in found - allowed)

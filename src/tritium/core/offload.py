@@ -1,0 +1,51 @@
+"""Work that grows with a request's size, run off the event loop on a small thread pool.
+
+Decoding a 64 MiB request or encoding a big response takes the loop for seconds if done on
+it, stalling every other client. The codecs do such work in bounded slices (no single C call
+holds the GIL for more than a few milliseconds), so on a worker thread it lets the loop run
+in between. Small requests stay inline: a thread hop costs more than their whole decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+# Requests and responses below this many bytes (or elements) are coded on the loop.
+INLINE_BYTES = 256 * 1024
+# Two workers: one hostile request cannot hold up every other big one, and the GIL keeps
+# more from running at once anyway.
+WORKERS = 2
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+_initializer: Callable[[], None] | None = None
+
+
+def set_thread_initializer(initializer: Callable[[], None] | None) -> None:
+    """Run ``initializer`` in each worker thread as it starts (thread placement uses it to
+    let workers run on every core); call before the first ``run``."""
+    global _initializer
+    _initializer = initializer
+
+
+async def run(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``func(*args, **kwargs)`` on a worker thread; its exceptions are raised here."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool(), functools.partial(func, *args, **kwargs))
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(
+                WORKERS, thread_name_prefix="tritium-codec", initializer=_initializer
+            )
+        return _executor
