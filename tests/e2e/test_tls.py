@@ -4,11 +4,13 @@ and aio) and requests; certificates are made for the test run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import ssl
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ from tests.server_process import TritiumProcess
 from tests.zoo import add_model
 
 MODEL = "identity_fp32"
+HEADER_TIMEOUT_S = 3
 TENSORS = ('input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] }]\n'
            'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1] }]\n')
 
@@ -64,7 +67,8 @@ def tls_flags(pki: Pki, mode: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tls_server(tls_repo: Path, pki: Pki) -> Iterator[TritiumProcess]:
-    process = TritiumProcess(tls_repo, *tls_flags(pki, "use-ssl")).start()
+    process = TritiumProcess(tls_repo, *tls_flags(pki, "use-ssl"),
+                             "--http-header-timeout-secs", str(HEADER_TIMEOUT_S)).start()
     yield process
     assert process.stop() == 0, process.log()
 
@@ -240,6 +244,15 @@ def test_closing_a_tls_connection_cancels_its_request(tls_server: TritiumProcess
     records.wait_for(rid, "cancelled", timeout=10)
     tls_server.wait_for_line(f"request {rid} for model 'slow' version 1 cancelled while executing")
     assert "done" not in records.events(rid)
+
+
+def test_a_stalled_tls_handshake_is_closed_after_the_header_timeout(
+        tls_server: TritiumProcess) -> None:
+    with socket.create_connection(("127.0.0.1", tls_server.http_port), timeout=60) as raw:
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):  # closed, or reset: either is gone
+            assert raw.recv(1) == b""
+        assert time.monotonic() - started < HEADER_TIMEOUT_S + 20
 
 
 def test_a_key_that_does_not_match_stops_the_server_in_one_line(pki: Pki) -> None:

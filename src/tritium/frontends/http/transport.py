@@ -136,7 +136,10 @@ async def start_http_server(app: App, host: str, port: int, limits: HttpLimits, 
         return HttpConnection(app, limits, connections)
 
     loop = asyncio.get_running_loop()
+    # A TLS peer becomes a connection only once its handshake is done: until then, no
+    # header timeout watches it, so the handshake gets a bound of the same length.
     server = await loop.create_server(
         connection, host, port, backlog=1024, reuse_address=True, ssl=ssl_context,
+        ssl_handshake_timeout=limits.header_timeout_s if ssl_context else None,
     )
     return HttpServer(server, connections, limits)
