@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
-from tritium.core.cancellation import Cancellation
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.frontends.grpc.call_state import CallState
 from tritium.frontends.grpc.flood import FloodLimits
 from tritium.frontends.grpc.messages import Message, MessageReader
@@ -20,6 +20,9 @@ from tritium.frontends.grpc.wire import length_prefixed
 
 if TYPE_CHECKING:
     from tritium.frontends.grpc.connection import GrpcConnection
+
+# A call whose client sent bytes that cannot be read is over: what it started answers nobody.
+CALL_BROKEN = CancelReason.CLIENT_CANCELLED
 
 UnaryHandler = Callable[[Any, "Call"], Awaitable[Any]]
 StreamHandler = Callable[["Call"], Awaitable[None]]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from tritium.core.cancellation import Cancellation, CancelReason
-from tritium.core.errors import TritiumError
 from tritium.core.inflight import InFlight
-from tritium.frontends.grpc.call import BadMessage, Call, GrpcLimits, Router, parse_message
+from tritium.frontends.grpc import serving
+from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits, Router
 from tritium.frontends.grpc.call_state import (
     CLIENT_DONE,
     DECIDED,
@@ -32,7 +32,6 @@ from tritium.frontends.grpc.headers import HeaderDecoder
 from tritium.frontends.grpc.http2 import (
     END_HEADERS,
     END_STREAM,
-    Chunk,
     FrameType,
     H2Error,
     ProtocolViolation,
@@ -42,34 +41,22 @@ from tritium.frontends.grpc.http2 import (
     rst_stream,
 )
 from tritium.frontends.grpc.inbound import Inbound
-from tritium.frontends.grpc.messages import Message, MessageTooLarge, inflate
-from tritium.frontends.grpc.sending import Outbox
-from tritium.frontends.grpc.status import GrpcStatus, grpc_status
+from tritium.frontends.grpc.messages import MessageTooLarge
+from tritium.frontends.grpc.sending import Outbox, Output
+from tritium.frontends.grpc.status import GrpcStatus
 from tritium.frontends.grpc.windows import ByteBudget
 from tritium.frontends.grpc.wire import (
     ENCODINGS,
     OK_TRAILERS,
-    length_prefixed,
     parse_timeout,
     trailers_block,
 )
 
 log = logging.getLogger("tritium.grpc")
 
-# A call whose client sent bytes that cannot be read is over: what it started answers nobody.
-_CALL_BROKEN = CancelReason.CLIENT_CANCELLED
 # A client's own deadline resets the stream a little before this side's copy of it runs out
 # (that one started counting only when the headers arrived).
 DEADLINE_SLACK_S = 0.1
-
-
-class Output(Protocol):
-    """Where a connection's bytes go (an asyncio transport, or a test's list)."""
-
-    def write(self, chunks: list[Chunk]) -> None: ...
-    def close(self) -> None: ...
-    def pause_reading(self) -> None: ...
-    def resume_reading(self) -> None: ...
 
 
 class GrpcConnection:
@@ -101,12 +88,12 @@ class GrpcConnection:
         self._handlers: dict[int, Callable[[Frame], None]] = {
             FrameType.DATA: self.inbound.on_data,
             FrameType.HEADERS: self._on_headers,
-            FrameType.PRIORITY: self._on_priority,
+            FrameType.PRIORITY: self.control.on_priority,
             FrameType.RST_STREAM: self._on_rst_stream,
             FrameType.SETTINGS: self.control.on_settings,
-            FrameType.PUSH_PROMISE: self._on_push_promise,
+            FrameType.PUSH_PROMISE: self.control.on_push_promise,
             FrameType.PING: self.control.on_ping,
-            FrameType.GOAWAY: self._on_goaway,
+            FrameType.GOAWAY: self.control.on_goaway,
             FrameType.WINDOW_UPDATE: self.control.on_window_update,
         }
 
@@ -188,7 +175,7 @@ class GrpcConnection:
     def stream_error(self, call: Call, code: H2Error) -> None:
         """The peer broke the protocol on this stream only: reset it, keep the connection."""
         self.outbox.out.append(rst_stream(call.stream_id, code))
-        self._move(call, CallEvent.RESET, reason=_CALL_BROKEN)
+        self._move(call, CallEvent.RESET, reason=CALL_BROKEN)
         self.count_reset()
 
     def count_reset(self) -> None:
@@ -241,7 +228,7 @@ class GrpcConnection:
             return
         if call.state is CallState.HALF_CLOSED:
             if call.rpc.unary is not None:
-                self._dispatch_unary(call)
+                serving.dispatch_unary(self, call)
             else:
                 call.wake()
 
@@ -301,7 +288,7 @@ class GrpcConnection:
             call.deadline = self._loop.time() + seconds
             call.timer = self._loop.call_at(call.deadline, self._expire, call)
         if rpc.stream is not None:
-            call.task = self._loop.create_task(self._serve_stream(call))
+            call.task = self._loop.create_task(serving.serve_stream(self, call))
         if ended:
             self.remote_closed(call)
 
@@ -311,12 +298,6 @@ class GrpcConnection:
         out.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, stream_id, block))
         if not ended:
             out.append(rst_stream(stream_id, H2Error.NO_ERROR))
-
-    def _on_priority(self, found: Frame) -> None:
-        if found.stream_id == 0:
-            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PRIORITY on stream 0")
-        if len(found.payload) != 5:
-            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "PRIORITY is not 5 bytes")
 
     def _on_rst_stream(self, found: Frame) -> None:
         stream_id = found.stream_id
@@ -328,16 +309,6 @@ class GrpcConnection:
         call = self.calls.get(stream_id)
         if call is not None:
             self._move(call, CallEvent.RESET, reason=self._reason_for_reset(call))
-
-    def _on_goaway(self, found: Frame) -> None:
-        if found.stream_id:
-            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "GOAWAY on a stream")
-        if len(found.payload) < 8:
-            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
-        # The client opens no new streams; the ones in flight finish normally.
-
-    def _on_push_promise(self, found: Frame) -> None:
-        raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
 
     def now(self) -> float:
         return self._loop.time()
@@ -355,73 +326,12 @@ class GrpcConnection:
         self.finish(call, GrpcStatus.DEADLINE_EXCEEDED, "Deadline Exceeded", CancelReason.DEADLINE)
 
     # -- serving -------------------------------------------------------------------------
-    def _dispatch_unary(self, call: Call) -> None:
-        if call.reader.partial or len(call.messages) != 1:
-            count = len(call.messages) + (1 if call.reader.partial else 0)
-            self.finish(call, GrpcStatus.INTERNAL if call.reader.partial else
-                        GrpcStatus.UNIMPLEMENTED, "incomplete request message"
-                        if call.reader.partial else
-                        f"a unary method takes exactly one request message, got {count}")
-            return
-        message = self.inbound.take(call)
-        call.task = self._loop.create_task(self._serve_unary(call, message))
-
     async def take_message(self, call: Call) -> Any:
         """The next whole request message of a streaming call, parsed."""
-        return await self._parse(call, self.inbound.take(call))
-
-    async def _parse(self, call: Call, message: Message) -> Any:
-        body = message.body
-        if message.compressed:
-            if call.encoding == "identity":
-                raise BadMessage("compressed message without a grpc-encoding",
-                                 GrpcStatus.INTERNAL)
-            try:
-                body = await inflate(body, call.encoding, self.inbound.message_limit)
-            except ValueError as exc:
-                raise BadMessage(str(exc), GrpcStatus.INTERNAL) from None
-        return parse_message(call.rpc.request_type.FromString, body)
-
-    async def _serve_unary(self, call: Call, message: Message) -> None:
-        handler = call.rpc.unary
-        assert handler is not None
-        try:
-            reply = await handler(await self._parse(call, message), call)
-        except Exception as exc:
-            self._fail_call(call, exc)
-            return
-        if call.state in DECIDED:
-            return
-        if isinstance(reply, list):  # already serialized, in pieces (see Rpc)
-            size = sum(len(piece) for piece in reply)
-            body = b"".join([b"\x00", size.to_bytes(4, "big"), *reply])
-        else:
-            body = length_prefixed(reply.SerializeToString())
-        self.outbox.data(call, body)
-        self.flood.data_sent()
-        self.finish(call, GrpcStatus.OK)
-
-    async def _serve_stream(self, call: Call) -> None:
-        handler = call.rpc.stream
-        assert handler is not None
-        try:
-            await handler(call)
-        except Exception as exc:
-            self._fail_call(call, exc)
-            return
-        self.finish(call, GrpcStatus.OK)
-
-    def _fail_call(self, call: Call, exc: Exception) -> None:
-        if isinstance(exc, TritiumError):
-            self.finish(call, grpc_status(exc.code), exc.message)
-        elif isinstance(exc, BadMessage):
-            self.finish(call, exc.status, str(exc), _CALL_BROKEN)
-        else:
-            log.exception("gRPC method %s failed", call.headers.get(":path"), exc_info=exc)
-            self.finish(call, GrpcStatus.INTERNAL, f"internal error: {exc}")
+        return await serving.read_message(self, call, self.inbound.take(call))
 
     def message_too_large(self, call: Call, exc: MessageTooLarge) -> None:
-        self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED, str(exc), _CALL_BROKEN)
+        self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED, str(exc), CALL_BROKEN)
 
     # -- writers waiting for room ----------------------------------------------------------
     async def wait_writable(self) -> None:
@@ -449,7 +359,7 @@ class GrpcConnection:
             if call.reader.partial and now - call.last_progress > \
                     limits.message_progress_timeout_s and call.state is CallState.OPEN:
                 self.finish(call, GrpcStatus.CANCELLED, "request message stopped arriving",
-                            _CALL_BROKEN)
+                            CALL_BROKEN)
 
     def go_away(self) -> None:
         """Refuse new streams; close once the calls in flight have finished."""

@@ -133,3 +133,20 @@ class Control:
             return
         if call.pending:
             conn.outbox.pump(call)
+
+    def on_priority(self, found: Frame) -> None:
+        if found.stream_id == 0:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if len(found.payload) != 5:
+            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "PRIORITY is not 5 bytes")
+
+    def on_goaway(self, found: Frame) -> None:
+        if found.stream_id:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(found.payload) < 8:
+            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
+        # The client opens no new streams; the ones in flight finish normally.
+
+    def on_push_promise(self, found: Frame) -> None:
+        raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+

@@ -4,6 +4,7 @@ queued per call and written as credit arrives, trailers after the last queued by
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from tritium.frontends.grpc.call import Call
 from tritium.frontends.grpc.http2 import (
@@ -17,6 +18,15 @@ from tritium.frontends.grpc.http2 import (
 )
 from tritium.frontends.grpc.windows import SendWindow
 from tritium.frontends.grpc.wire import RESPONSE_HEADERS
+
+
+class Output(Protocol):
+    """Where a connection's bytes go (an asyncio transport, or a test's list)."""
+
+    def write(self, chunks: list[Chunk]) -> None: ...
+    def close(self) -> None: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
 
 
 class Outbox:

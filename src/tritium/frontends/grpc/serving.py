@@ -1,0 +1,91 @@
+"""Running a call's handler: a unary call once its one message is whole, a streaming call as
+soon as its headers are in; what the handler returns or raises becomes the call's end."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from tritium.core.errors import TritiumError
+from tritium.frontends.grpc.call import CALL_BROKEN, BadMessage, Call, parse_message
+from tritium.frontends.grpc.call_state import DECIDED
+from tritium.frontends.grpc.messages import Message, inflate
+from tritium.frontends.grpc.status import GrpcStatus, grpc_status
+from tritium.frontends.grpc.wire import length_prefixed
+
+if TYPE_CHECKING:
+    from tritium.frontends.grpc.connection import GrpcConnection
+
+log = logging.getLogger("tritium.grpc")
+
+
+def dispatch_unary(conn: GrpcConnection, call: Call) -> None:
+    if call.reader.partial or len(call.messages) != 1:
+        count = len(call.messages) + (1 if call.reader.partial else 0)
+        conn.finish(call, GrpcStatus.INTERNAL if call.reader.partial else
+                    GrpcStatus.UNIMPLEMENTED, "incomplete request message"
+                    if call.reader.partial else
+                    f"a unary method takes exactly one request message, got {count}")
+        return
+    message = conn.inbound.take(call)
+    call.task = asyncio.get_running_loop().create_task(serve_unary(conn, call, message))
+
+
+
+async def read_message(conn: GrpcConnection, call: Call, message: Message) -> Any:
+    body = message.body
+    if message.compressed:
+        if call.encoding == "identity":
+            raise BadMessage("compressed message without a grpc-encoding",
+                             GrpcStatus.INTERNAL)
+        try:
+            body = await inflate(body, call.encoding, conn.inbound.message_limit)
+        except ValueError as exc:
+            raise BadMessage(str(exc), GrpcStatus.INTERNAL) from None
+    return parse_message(call.rpc.request_type.FromString, body)
+
+
+
+async def serve_unary(conn: GrpcConnection, call: Call, message: Message) -> None:
+    handler = call.rpc.unary
+    assert handler is not None
+    try:
+        reply = await handler(await read_message(conn, call, message), call)
+    except Exception as exc:
+        fail_call(conn, call, exc)
+        return
+    if call.state in DECIDED:
+        return
+    if isinstance(reply, list):  # already serialized, in pieces (see Rpc)
+        size = sum(len(piece) for piece in reply)
+        body = b"".join([b"\x00", size.to_bytes(4, "big"), *reply])
+    else:
+        body = length_prefixed(reply.SerializeToString())
+    conn.outbox.data(call, body)
+    conn.flood.data_sent()
+    conn.finish(call, GrpcStatus.OK)
+
+
+
+async def serve_stream(conn: GrpcConnection, call: Call) -> None:
+    handler = call.rpc.stream
+    assert handler is not None
+    try:
+        await handler(call)
+    except Exception as exc:
+        fail_call(conn, call, exc)
+        return
+    conn.finish(call, GrpcStatus.OK)
+
+
+
+def fail_call(conn: GrpcConnection, call: Call, exc: Exception) -> None:
+    if isinstance(exc, TritiumError):
+        conn.finish(call, grpc_status(exc.code), exc.message)
+    elif isinstance(exc, BadMessage):
+        conn.finish(call, exc.status, str(exc), CALL_BROKEN)
+    else:
+        log.exception("gRPC method %s failed", call.headers.get(":path"), exc_info=exc)
+        conn.finish(call, GrpcStatus.INTERNAL, f"internal error: {exc}")
+
