@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritium.config import GrpcLimitSettings, ServerConfig
+from tritium.core import offload
 from tritium.core.service import InferenceService
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo, ModelBackend
@@ -79,6 +80,8 @@ def _place_threads(loop: asyncio.AbstractEventLoop) -> None:
     if executor is not None:
         # Worker threads read configs and may import model code: keep them unrestricted.
         loop.set_default_executor(executor)
+        # Codec threads too: what they run is all CPU, best kept off the loop's core.
+        offload.set_thread_initializer(placement.release)
     log.info("thread placement: %s", placement.describe())
 
 

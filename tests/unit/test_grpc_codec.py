@@ -12,7 +12,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import IndexEntry, ModelMetadata, ModelState, TensorMetadata
 from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
-from tritium.core.response import InferenceResponse
+from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.serialization import split_length_prefixed
 from tritium.core.types import DataType, Tensor
 from tritium.frontends.grpc import codec
@@ -176,14 +176,13 @@ def classification_request(count: int) -> InferenceRequest:
 
 def test_classification_output_is_bytes_in_raw_contents() -> None:
     request = classification_request(2)
-    # What the core sets at admission.
-    request.model_version, request.batched = 1, True
-    request.labels = {"OUTPUT0": ["cat", "dog", "emu"]}
+    # What the core sets on the responses of a request it admitted.
+    served = ServedBy("m", 1, True, {"OUTPUT0": ["cat", "dog", "emu"]})
     scores = np.array([[0.1, 0.7, 0.2], [0.5, 0.25, 0.75]], dtype=np.float32)
     response = InferenceResponse(outputs=[
         Tensor("OUTPUT0", DataType.FP32, (2, 3), scores),
-        Tensor("OUTPUT1", DataType.FP32, (2, 3), scores)])
-    message = codec.encode_infer_response(response, request)
+        Tensor("OUTPUT1", DataType.FP32, (2, 3), scores)], served_by=served)
+    message = codec.infer_response_message(response, request)
     (output,) = message.outputs
     assert (output.name, output.datatype, list(output.shape)) == ("OUTPUT0", "BYTES", [2, 2])
     assert not output.HasField("contents")
@@ -197,7 +196,7 @@ def test_classification_unbatched_without_labels() -> None:
     request.model_version = 1
     ints = np.array([3, 9, 1], dtype=np.int32)
     response = InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.INT32, (3,), ints)])
-    message = codec.encode_infer_response(response, request)
+    message = codec.infer_response_message(response, request)
     assert list(message.outputs[0].shape) == [3]
     (raw,) = message.raw_output_contents
     assert split_length_prefixed(raw, 3, "classes") == [b"9:1", b"3:0", b"1:2"]
@@ -217,7 +216,7 @@ def test_classification_of_bytes_is_refused() -> None:
     response = InferenceResponse(outputs=[
         Tensor("OUTPUT0", DataType.BYTES, (1,), np.array([b"x"], dtype=np.object_))])
     with pytest.raises(TritiumError, match="class result not available") as info:
-        codec.encode_infer_response(response, request)
+        codec.infer_response_message(response, request)
     assert info.value.code is ErrorCode.INVALID_ARG
 
 
@@ -279,8 +278,9 @@ def admitted(requested: list[str] | None = None) -> InferenceRequest:
 @pytest.mark.parametrize("datatype", NUMERIC, ids=lambda t: t.wire)
 def test_raw_output_every_numeric_datatype(datatype: DataType) -> None:
     values = sample(datatype).reshape(1, 3)
-    response = InferenceResponse(outputs=[Tensor("OUTPUT0", datatype, (1, 3), values)])
-    message = codec.encode_infer_response(response, admitted())
+    response = InferenceResponse(outputs=[Tensor("OUTPUT0", datatype, (1, 3), values)],
+                                 served_by=ServedBy("m", 1, False, {}))
+    message = codec.infer_response_message(response, admitted())
     assert (message.model_name, message.model_version, message.id) == ("m", "1", "r9")
     assert len(message.outputs) == 1 and not message.outputs[0].HasField("contents")
     out = message.outputs[0]
@@ -291,14 +291,14 @@ def test_raw_output_every_numeric_datatype(datatype: DataType) -> None:
 def test_output_cast_to_declared_dtype() -> None:
     data = np.array([1.5, 2.5], dtype=np.float64)
     response = InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.FP32, (2,), data)])
-    raw = codec.encode_infer_response(response, admitted()).raw_output_contents[0]
+    raw = codec.infer_response_message(response, admitted()).raw_output_contents[0]
     np.testing.assert_array_equal(np.frombuffer(raw, dtype=np.float32), data)
 
 
 def test_bytes_output_is_length_prefixed() -> None:
     data = np.array([b"ab", "c", b""], dtype=object)
     response = InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.BYTES, (3,), data)])
-    raw = codec.encode_infer_response(response, admitted()).raw_output_contents[0]
+    raw = codec.infer_response_message(response, admitted()).raw_output_contents[0]
     assert raw == b"\x02\0\0\0ab\x01\0\0\0c\0\0\0\0"
     assert split_length_prefixed(raw, 3, "x") == [b"ab", b"c", b""]
 
@@ -307,7 +307,7 @@ def test_only_requested_outputs_are_sent() -> None:
     one = np.zeros(1, dtype=np.float32)
     response = InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.FP32, (1,), one),
                                           Tensor("OUTPUT1", DataType.FP32, (1,), one)])
-    message = codec.encode_infer_response(response, admitted(["OUTPUT1"]))
+    message = codec.infer_response_message(response, admitted(["OUTPUT1"]))
     assert [o.name for o in message.outputs] == ["OUTPUT1"]
     assert len(message.raw_output_contents) == 1
 
@@ -316,14 +316,14 @@ def test_output_element_count_mismatch_is_internal() -> None:
     data = np.zeros(2, dtype=np.float32)
     response = InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.FP32, (3,), data)])
     with pytest.raises(TritiumError) as info:
-        codec.encode_infer_response(response, admitted())
+        codec.infer_response_message(response, admitted())
     assert info.value.code is ErrorCode.INTERNAL
 
 
 def test_response_parameters() -> None:
     response = InferenceResponse(parameters={"b": True, "i": -3, "u": 1 << 63, "d": 0.25,
                                              "s": "x"})
-    params = codec.encode_infer_response(response, admitted()).parameters
+    params = codec.infer_response_message(response, admitted()).parameters
     assert params["b"].bool_param is True
     assert params["i"].int64_param == -3
     assert params["u"].uint64_param == 1 << 63
@@ -430,8 +430,8 @@ def test_serialized_response_pieces_are_the_message_bytes(size: int) -> None:
                  Tensor("OUTPUT1", DataType.BYTES, (3,), words),
                  Tensor("OUTPUT2", DataType.FP64, (2,), np.array([1.0, 2.0]))],
         parameters={"i": 7, "s": "x"})
-    pieces = codec.serialize_infer_response(response, admitted())
-    expected = codec.encode_infer_response(response, admitted())
+    pieces = codec.encode_infer_response(response, admitted())
+    expected = codec.infer_response_message(response, admitted())
     wire = b"".join(pieces)
     assert wire == expected.SerializeToString()
     assert pb.ModelInferResponse.FromString(wire) == expected
@@ -442,9 +442,9 @@ def test_serialized_response_pieces_are_the_message_bytes(size: int) -> None:
 
 def test_serialized_classification_matches_the_message() -> None:
     request = classification_request(2)
-    request.model_version, request.batched = 1, True
-    request.labels = {"OUTPUT0": ["cat", "dog", "emu"]}
+    served = ServedBy("m", 1, True, {"OUTPUT0": ["cat", "dog", "emu"]})
     scores = np.array([[0.1, 0.7, 0.2], [0.5, 0.25, 0.75]], dtype=np.float32)
-    response = InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.FP32, (2, 3), scores)])
-    wire = b"".join(codec.serialize_infer_response(response, request))
-    assert wire == codec.encode_infer_response(response, request).SerializeToString()
+    response = InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.FP32, (2, 3), scores)],
+                                 served_by=served)
+    wire = b"".join(codec.encode_infer_response(response, request))
+    assert wire == codec.infer_response_message(response, request).SerializeToString()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import zlib
 from typing import Any
@@ -15,7 +16,7 @@ from tritonclient.http._utils import _get_inference_request
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
-from tritium.core.response import InferenceResponse
+from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.types import DataType, Tensor, TensorSpec
 from tritium.frontends.http.codec import (
     BINARY_CONTENT_TYPE,
@@ -86,9 +87,17 @@ def read_result(headers: list[tuple[str, str]], parts: list[Any]) -> httpclient.
     )
 
 
+def encode(response: InferenceResponse, request: InferenceRequest, name: str = "m",
+           version: int = 1) -> tuple[list[tuple[str, str]], list[Any]]:
+    """Encode as for a response the core delivered from version ``version`` of ``name``."""
+    if response.served_by is None:
+        response = dataclasses.replace(response, served_by=ServedBy(name, version, False, {}))
+    return encode_infer_response(response, request)
+
+
 def echo(request: InferenceRequest, **kwargs: Any) -> tuple[list[tuple[str, str]], list[Any]]:
     response = InferenceResponse(outputs=list(request.inputs.values()))
-    return encode_infer_response(response, request, "m", 3, **kwargs)
+    return encode(response, request, "m", 3, **kwargs)
 
 
 def expect_invalid(match: str, call: Any, *args: Any) -> TritiumError:
@@ -454,7 +463,7 @@ def test_listed_outputs_binary_only_with_their_own_flag() -> None:
         "outputs": [{"name": "C"}, {"name": "A", "parameters": {"binary_data": True}},
                     {"name": "B", "parameters": {"binary_data": False}}],
     })
-    headers, parts = encode_infer_response(RESPONSE, request, "m", 1)
+    headers, parts = encode(RESPONSE, request, "m", 1)
     outputs = header_json(parts)["outputs"]
     # Produced order, only the listed ones.
     assert [o["name"] for o in outputs] == ["A", "B", "C"]
@@ -472,7 +481,7 @@ def test_listed_outputs_binary_only_with_their_own_flag() -> None:
 @pytest.mark.parametrize("binary", [True, False])
 def test_unlisted_outputs_follow_binary_data_output(binary: bool) -> None:
     request = outputs_request({"parameters": {"binary_data_output": binary}})
-    headers, parts = encode_infer_response(RESPONSE, request, "m", 1)
+    headers, parts = encode(RESPONSE, request, "m", 1)
     outputs = header_json(parts)["outputs"]
     assert [o["name"] for o in outputs] == ["D", "A", "B", "C"]
     assert all(("data" in o) is not binary for o in outputs)
@@ -486,7 +495,7 @@ def test_unlisted_outputs_follow_binary_data_output(binary: bool) -> None:
 def test_binary_outputs_without_bytes_send_plain_json() -> None:
     request = outputs_request({"parameters": {"binary_data_output": True}})
     response = InferenceResponse(outputs=[tensor("E", np.zeros((0, 4), dtype=np.float32))])
-    headers, parts = encode_infer_response(response, request, "m", 1)
+    headers, parts = encode(response, request, "m", 1)
     assert headers == [("Content-Type", JSON_CONTENT_TYPE)]
     assert header_json(parts)["outputs"][0]["parameters"] == {"binary_data_size": 0}
     assert read_result(headers, parts).as_numpy("E").shape == (0, 4)
@@ -495,26 +504,26 @@ def test_binary_outputs_without_bytes_send_plain_json() -> None:
 def test_response_header_fields() -> None:
     request = outputs_request({"id": "req-7"})
     response = InferenceResponse(outputs=[], parameters={"p": 1, "q": "s", "r": True})
-    _, parts = encode_infer_response(response, request, "model", 12)
+    _, parts = encode(response, request, "model", 12)
     assert parts[0] == (b'{"id":"req-7","model_name":"model","model_version":"12",'
                         b'"parameters":{"p":1,"q":"s","r":true},"outputs":[]}')
-    _, parts = encode_infer_response(InferenceResponse(), outputs_request({}), "m", 1)
+    _, parts = encode(InferenceResponse(), outputs_request({}), "m", 1)
     assert "id" not in header_json(parts) and "parameters" not in header_json(parts)
 
 
 def test_requests_from_other_frontends_get_json_outputs() -> None:
     request = InferenceRequest(model_name="m", inputs={})
-    _, parts = encode_infer_response(RESPONSE, request, "m", 1)
+    _, parts = encode(RESPONSE, request, "m", 1)
     assert header_json(parts)["outputs"][0]["data"] == [1, 2]
 
 
 def test_bytes_output_that_is_not_utf8_cannot_be_json() -> None:
     response = InferenceResponse(outputs=[tensor("S", np.array([b"\xff"], dtype=object), "BYTES")])
     with pytest.raises(TritiumError, match="not valid UTF-8") as info:
-        encode_infer_response(response, outputs_request({}), "m", 1)
+        encode(response, outputs_request({}), "m", 1)
     assert info.value.code is ErrorCode.INTERNAL
     request = outputs_request({"parameters": {"binary_data_output": True}})
-    headers, parts = encode_infer_response(response, request, "m", 1)
+    headers, parts = encode(response, request, "m", 1)
     assert read_result(headers, parts).as_numpy("S").tolist() == [b"\xff"]
 
 
@@ -523,7 +532,7 @@ def test_bytes_output_accepts_str_and_fixed_width_arrays() -> None:
         tensor("U", np.array(["ab", "c"]), "BYTES"), tensor("S", np.array([b"ab", b"c"]), "BYTES"),
     ])
     request = outputs_request({"parameters": {"binary_data_output": True}})
-    result = read_result(*encode_infer_response(response, request, "m", 1))
+    result = read_result(*encode(response, request, "m", 1))
     assert result.as_numpy("U").tolist() == [b"ab", b"c"]
     assert result.as_numpy("S").tolist() == [b"ab", b"c"]
 
@@ -533,13 +542,13 @@ def test_half_precision_outputs_must_be_binary(datatype: str) -> None:
     array = SAMPLES[datatype].view(np.uint16) if datatype == "BF16" else SAMPLES[datatype]
     response = InferenceResponse(outputs=[tensor("H", array, datatype)])
     expect_invalid(f"sending {datatype} data via JSON is not supported",
-                   encode_infer_response, response, outputs_request({}), "m", 1)
+                   encode, response, outputs_request({}), "m", 1)
 
 
 def test_output_shape_must_match_its_data() -> None:
     response = InferenceResponse(outputs=[Tensor("X", DataType.INT32, (3,), np.zeros(2, np.int32))])
     with pytest.raises(TritiumError, match="shape does not match") as info:
-        encode_infer_response(response, outputs_request({}), "m", 1)
+        encode(response, outputs_request({}), "m", 1)
     assert info.value.code is ErrorCode.INTERNAL
 
 
@@ -548,20 +557,20 @@ def test_classification_top_n() -> None:
     response = InferenceResponse(outputs=[tensor("P", scores)])
     request = outputs_request({"outputs": [
         {"name": "P", "parameters": {"classification": 2, "binary_data": False}}]})
-    request.batched, request.labels = True, {"P": ["cat", "dog"]}  # set by the core
-    _, parts = encode_infer_response(response, request, "m", 1)
+    response.served_by = ServedBy("m", 1, True, {"P": ["cat", "dog"]})  # set by the core
+    _, parts = encode(response, request, "m", 1)
     (output,) = header_json(parts)["outputs"]
     assert output["datatype"] == "BYTES" and output["shape"] == [2, 2]
     assert output["data"] == ["0.700000:1:dog", "0.200000:2", "0.750000:2", "0.500000:0:cat"]
     ints = InferenceResponse(outputs=[tensor("I", np.array([3, 9, 1], dtype=np.int32))])
     request = outputs_request({"outputs": [{"name": "I", "parameters": {"classification": 5}}]})
-    _, parts = encode_infer_response(ints, request, "m", 1)
+    _, parts = encode(ints, request, "m", 1)
     assert header_json(parts)["outputs"][0]["data"] == ["9:1", "3:0", "1:2"]
 
 
 def test_classification_of_bytes_is_refused() -> None:
     request = outputs_request({"outputs": [{"name": "C", "parameters": {"classification": 1}}]})
-    expect_invalid("class result not available", encode_infer_response, RESPONSE, request, "m", 1)
+    expect_invalid("class result not available", encode, RESPONSE, request, "m", 1)
 
 
 # ---------------------------------------------------------------- errors, compression
@@ -608,7 +617,7 @@ def test_choose_encoding(accept: str | None, chosen: str | None) -> None:
 
 def test_compressed_response_reads_back_in_tritonclient() -> None:
     request = outputs_request({"parameters": {"binary_data_output": True}})
-    headers, parts = encode_infer_response(RESPONSE, request, "m", 1)
+    headers, parts = encode(RESPONSE, request, "m", 1)
     for accept in ("gzip", "deflate"):
         encoding, packed = compress_response(parts, accept)
         assert encoding == accept and len(packed) == 1

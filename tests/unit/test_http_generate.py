@@ -12,7 +12,7 @@ import pytest
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest
-from tritium.core.response import InferenceResponse
+from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.types import DataType, Tensor, TensorSpec
 from tritium.frontends.http.generate import (
     decode_generate_request,
@@ -168,6 +168,13 @@ def test_input_size_limit() -> None:
 # ---------------------------------------------------------------- responses
 
 
+def encode(response: InferenceResponse, request: InferenceRequest, name: str,
+           version: int) -> bytes:
+    """Encode as for a response the core delivered from version ``version`` of ``name``."""
+    response.served_by = ServedBy(name, version, False, {})
+    return encode_generate_response(response, request)
+
+
 def test_response_has_metadata_parameters_and_outputs_as_keys() -> None:
     request = InferenceRequest(model_name="llm", inputs={}, id="r-1")
     response = InferenceResponse(
@@ -178,7 +185,7 @@ def test_response_has_metadata_parameters_and_outputs_as_keys() -> None:
         ],
         parameters={"tokens": 7},
     )
-    body = encode_generate_response(response, request, "llm", 2)
+    body = encode(response, request, "llm", 2)
     assert orjson.loads(body) == {
         "id": "r-1", "model_name": "llm", "model_version": "2", "tokens": 7,
         "text_output": "hello", "logits": [0.5, 1.0, 2.0], "done": True,
@@ -194,7 +201,7 @@ def test_response_without_id_and_name_clashes() -> None:
                  Tensor("p", DataType.INT32, (1,), np.array([1], dtype=np.int32))],
         parameters={"p": "param wins"},
     )
-    doc = orjson.loads(encode_generate_response(response, request, "llm", 1))
+    doc = orjson.loads(encode(response, request, "llm", 1))
     assert doc == {"model_name": "llm", "model_version": "1", "p": "param wins"}
 
 
@@ -202,10 +209,10 @@ def test_response_errors() -> None:
     request = InferenceRequest(model_name="llm", inputs={})
     bad_text = Tensor("t", DataType.BYTES, (1,), np.array([b"\xff"], dtype=object))
     with pytest.raises(TritiumError, match="UTF-8"):
-        encode_generate_response(InferenceResponse(outputs=[bad_text]), request, "llm", 1)
+        encode(InferenceResponse(outputs=[bad_text]), request, "llm", 1)
     half = Tensor("h", DataType.FP16, (1,), np.array([1], dtype=np.float16))
     with pytest.raises(TritiumError, match="FP16"):
-        encode_generate_response(InferenceResponse(outputs=[half]), request, "llm", 1)
+        encode(InferenceResponse(outputs=[half]), request, "llm", 1)
 
 
 def test_sse_framing() -> None:

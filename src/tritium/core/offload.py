@@ -15,6 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from tritium.core.response import InferenceResponse
+
 # Requests and responses below this many bytes (or elements) are coded on the loop.
 INLINE_BYTES = 256 * 1024
 # Two workers: one hostile request cannot hold up every other big one, and the GIL keeps
@@ -26,6 +28,16 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
 _initializer: Callable[[], None] | None = None
+
+
+def heavy(size: int) -> bool:
+    """Whether coding ``size`` bytes is worth a trip to a worker thread."""
+    return size > INLINE_BYTES
+
+
+def response_bytes(response: InferenceResponse) -> int:
+    """About how many bytes encoding ``response`` touches (BYTES elements count 8 each)."""
+    return sum(tensor.data.nbytes for tensor in response.outputs)
 
 
 def set_thread_initializer(initializer: Callable[[], None] | None) -> None:

@@ -5,14 +5,18 @@ from __future__ import annotations
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
-from tritium.core.types import Tensor, TensorSpec
+from tritium.core.types import DataType, Tensor, TensorSpec
+
+MAX_DIMS = 64  # Triton's bound on a tensor's rank
+# numpy refuses arrays whose elements (8 bytes for BYTES' object pointers) pass its index range.
+_MAX_EXTENT = ((1 << 63) - 1) // 8
 
 
-def validate_request(request: InferenceRequest, model: ModelHandle) -> None:
+def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
     """Raise INVALID_ARG unless every input and requested output fits the model.
 
-    On success ``request.batch_size`` is set and reshaped inputs carry the shape the
-    model's configuration asks it to see.
+    On success returns the request's batch size (1 when the model does not batch);
+    reshaped inputs then carry the shape the model's configuration asks it to see.
     """
     prefix = f"[request id: {request.describe()}] "
     batched = model.max_batch_size > 0
@@ -28,8 +32,7 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> None:
                 f"{len(request.inputs)} inputs for model '{model.name}'; "
                 f"missing input '{spec.name}'"
             )
-    request.batch_size = _batch_size(prefix, request, model) if batched else 1
-    request.batched = batched
+    batch_size = _batch_size(prefix, request, model) if batched else 1
     if request.requested_outputs is not None:
         for output in request.requested_outputs:
             if output.name not in model.outputs:
@@ -38,6 +41,43 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> None:
                     f"'{model.name}'"
                 )
     _apply_reshapes(request, model, batched)
+    return batch_size
+
+
+def element_count(name: str, shape: tuple[int, ...], prefix: str = "") -> int:
+    """The elements ``shape`` holds; INVALID_ARG for a shape no tensor can have (too many
+    dimensions, or more elements than an array can index), before any data is read."""
+    if len(shape) > MAX_DIMS:
+        raise invalid(
+            f"{prefix}input '{name}' has {len(shape)} dimensions, more than the {MAX_DIMS} "
+            "allowed"
+        )
+    count = extent = 1
+    for dim in shape:
+        count *= dim
+        extent *= max(dim, 1)
+    if extent > _MAX_EXTENT:
+        raise invalid(
+            f"{prefix}input '{name}' has shape {list(shape)}, which holds more elements than "
+            "a tensor can"
+        )
+    return count
+
+
+def check_input(model: ModelHandle, name: str, datatype: DataType, shape: tuple[int, ...],
+                prefix: str) -> None:
+    """What ``validate_request`` checks of one input that needs none of its data: run by
+    the codecs before they decode any, so a request that cannot be served costs nothing."""
+    spec = model.inputs.get(name)
+    if spec is None:
+        raise invalid(f"{prefix}unexpected inference input '{name}' for model '{model.name}'")
+    batched = model.max_batch_size > 0
+    _check_fit(prefix, model.name, spec, name, datatype, shape, batched)
+    if batched and shape[0] > model.max_batch_size:
+        raise invalid(
+            f"{prefix}inference request batch-size must be <= {model.max_batch_size} "
+            f"for '{model.name}'"
+        )
 
 
 def _batch_size(prefix: str, request: InferenceRequest, model: ModelHandle) -> int:
@@ -58,20 +98,25 @@ def _required_count(model: ModelHandle) -> int:
 
 
 def _check_tensor(prefix: str, model: str, spec: TensorSpec, tensor: Tensor, batched: bool) -> None:
-    if tensor.datatype is not spec.datatype:
+    _check_fit(prefix, model, spec, tensor.name, tensor.datatype, tensor.shape, batched)
+
+
+def _check_fit(prefix: str, model: str, spec: TensorSpec, name: str, datatype: DataType,
+               shape: tuple[int, ...], batched: bool) -> None:
+    if datatype is not spec.datatype:
         raise invalid(
-            f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype.wire}', "
+            f"{prefix}inference input '{name}' data-type is '{datatype.wire}', "
             f"but model '{model}' expects '{spec.datatype.wire}'"
         )
-    shape = tensor.shape[1:] if batched else tensor.shape
-    if batched and not tensor.shape:
-        raise invalid(f"{prefix}input '{tensor.name}' for model '{model}' has no batch dimension")
-    if len(shape) != len(spec.dims) or any(
-        want != -1 and want != got for want, got in zip(spec.dims, shape, strict=True)
+    dims = shape[1:] if batched else shape
+    if batched and not shape:
+        raise invalid(f"{prefix}input '{name}' for model '{model}' has no batch dimension")
+    if len(dims) != len(spec.dims) or any(
+        want != -1 and want != got for want, got in zip(spec.dims, dims, strict=True)
     ):
         raise invalid(
-            f"{prefix}unexpected shape for input '{tensor.name}' for model '{model}'. "
-            f"Expected {_shape_text(spec.dims, batched)}, got {list(tensor.shape)}"
+            f"{prefix}unexpected shape for input '{name}' for model '{model}'. "
+            f"Expected {_shape_text(spec.dims, batched)}, got {list(shape)}"
         )
 
 

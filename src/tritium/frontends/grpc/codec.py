@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from tritium.core.logging_settings import (
     LogValue,
     TraceValue,
 )
-from tritium.core.model import IndexEntry, ModelMetadata, TensorMetadata
+from tritium.core.model import IndexEntry, ModelHandle, ModelMetadata, TensorMetadata
 from tritium.core.parameters import (
     ValueNames,
     apply_known_parameter,
@@ -28,10 +28,11 @@ from tritium.core.parameters import (
 )
 from tritium.core.request import InferenceRequest, ParamValue, RequestedOutput
 from tritium.core.response import InferenceResponse
-from tritium.core.serialization import array_from_binary, bytes_array, tensor_bytes
+from tritium.core.serialization import SLICE, array_from_binary, bytes_array, tensor_bytes
 from tritium.core.service import ModelStatisticsEntry
 from tritium.core.statistics import Duration, ModelStatistics
 from tritium.core.types import DataType, Tensor
+from tritium.core.validation import check_input, element_count
 
 FINAL_KEY = "triton_final_response"
 EMPTY_FINAL_KEY = "triton_enable_empty_final_response"
@@ -58,8 +59,14 @@ def parse_version(text: str) -> int | None:
 # --------------------------------------------------------------------------- request
 
 
-def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
-    """A core request (its cancellation still to be attached) from a ModelInferRequest."""
+def decode_infer_request(
+    message: pb.ModelInferRequest, model: ModelHandle | None = None
+) -> InferenceRequest:
+    """A core request from a ModelInferRequest.
+
+    With ``model``, each input is checked against its configuration (declared, datatype,
+    shape, batch size, byte size) before any input's data is decoded.
+    """
     state = GrpcRequestState(version_text=message.model_version)
     request = InferenceRequest(
         model_name=message.model_name,
@@ -70,13 +77,27 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
     )
     if message.parameters:
         _apply_parameters(request, state, message.parameters)
-    request.inputs = _decode_inputs(message, request.id)
+    planned = _plan_inputs(message, request.id, model)
+    request.inputs = {name: decode() for name, decode in planned}
     if message.outputs:
         request.requested_outputs = [_decode_output(output) for output in message.outputs]
     return request
 
 
-def _decode_inputs(message: pb.ModelInferRequest, request_id: str) -> dict[str, Tensor]:
+def request_bytes(message: pb.ModelInferRequest) -> int:
+    """About how many bytes decoding ``message`` touches (typed values count 8 each)."""
+    size = sum(map(len, message.raw_input_contents))
+    for item in message.inputs:
+        if item.HasField("contents"):
+            contents = item.contents
+            size += 8 * sum(len(getattr(contents, field)) for field in _CONTENT_FIELDS)
+    return size
+
+
+def _plan_inputs(
+    message: pb.ModelInferRequest, request_id: str, model: ModelHandle | None
+) -> list[tuple[str, Callable[[], Tensor]]]:
+    """Every input checked, each with how to decode its data (not run yet)."""
     raw = message.raw_input_contents
     items = message.inputs
     if raw and len(raw) != len(items):
@@ -84,25 +105,31 @@ def _decode_inputs(message: pb.ModelInferRequest, request_id: str) -> dict[str, 
             f"{_prefix(request_id)}expected {len(items)} entries in raw_input_contents, "
             f"one per input, but got {len(raw)}"
         )
-    inputs: dict[str, Tensor] = {}
+    planned: dict[str, Callable[[], Tensor]] = {}
     for index, item in enumerate(items):
-        if item.name in inputs:
+        if item.name in planned:
             raise invalid(f"{_prefix(request_id)}input '{item.name}' is given more than once")
         if item.parameters:
             _refuse_shared_memory(item.parameters, item.name)
         datatype = _datatype(item.datatype, item.name)
         shape = _shape(item.shape, item.name)
+        count = element_count(item.name, shape, _prefix(request_id))
+        if model is not None:
+            check_input(model, item.name, datatype, shape, _prefix(request_id))
         if raw:
             if item.HasField("contents"):
                 raise invalid(
                     f"{_prefix(request_id)}contents field must not be specified when using "
                     f"raw_input_contents for input '{item.name}' for model '{message.model_name}'"
                 )
-            tensor = tensor_from_raw(item.name, datatype, shape, raw[index])
+            _check_raw_size(item.name, datatype, shape, count, raw[index])
+            planned[item.name] = functools.partial(
+                tensor_from_raw, item.name, datatype, shape, raw[index])
         else:
-            tensor = tensor_from_contents(item.name, datatype, shape, item.contents)
-        inputs[item.name] = tensor
-    return inputs
+            values = _typed_values(item.name, datatype, shape, count, item.contents)
+            planned[item.name] = functools.partial(
+                _tensor_from_values, item.name, datatype, shape, values)
+    return list(planned.items())
 
 
 def _prefix(request_id: str) -> str:
@@ -125,15 +152,20 @@ def _shape(dims: Iterable[int], tensor: str) -> tuple[int, ...]:
 
 def tensor_from_raw(name: str, datatype: DataType, shape: tuple[int, ...], raw: bytes) -> Tensor:
     """A tensor viewing ``raw`` (row-major little-endian, or length-prefixed BYTES)."""
-    count = math.prod(shape)
+    count = element_count(name, shape)
+    _check_raw_size(name, datatype, shape, count, raw)
+    data = array_from_binary(raw, datatype, count, f"for input '{name}'")
+    return Tensor(name, datatype, shape, data.reshape(shape))
+
+
+def _check_raw_size(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
+                    raw: bytes) -> None:
     expected = count * datatype.itemsize
     if datatype is not DataType.BYTES and len(raw) != expected:
         raise invalid(
             f"input byte size mismatch for input '{name}': expected {expected} bytes "
             f"for shape {list(shape)}, got {len(raw)}"
         )
-    data = array_from_binary(raw, datatype, count, f"for input '{name}'")
-    return Tensor(name, datatype, shape, data.reshape(shape))
 
 
 # The typed ``contents`` field for each datatype; FP16 and BF16 have none (raw only).
@@ -153,31 +185,50 @@ _TYPED_FIELDS: dict[DataType, str] = {
 }
 
 
+_CONTENT_FIELDS = tuple(sorted(set(_TYPED_FIELDS.values())))
+
+
 def tensor_from_contents(
     name: str, datatype: DataType, shape: tuple[int, ...], contents: pb.InferTensorContents
 ) -> Tensor:
     """A tensor from the typed ``contents`` field that matches ``datatype``."""
+    values = _typed_values(name, datatype, shape, element_count(name, shape), contents)
+    return _tensor_from_values(name, datatype, shape, values)
+
+
+def _typed_values(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
+                  contents: pb.InferTensorContents) -> Sequence[Any]:
     field = _TYPED_FIELDS.get(datatype)
     if field is None:
         raise invalid(
             f"{datatype.wire} input '{name}' must be sent in raw_input_contents: "
             "the typed contents have no field for it"
         )
-    values = getattr(contents, field)
-    count = math.prod(shape)
+    values: Sequence[Any] = getattr(contents, field)
     if len(values) != count:
         raise invalid(
             f"expected {count} elements in {field} for input '{name}' of shape "
             f"{list(shape)}, got {len(values)}"
         )
-    if datatype is DataType.BYTES:
-        data = bytes_array(list(values))
-    else:
+    return values
+
+
+def _tensor_from_values(name: str, datatype: DataType, shape: tuple[int, ...],
+                        values: Sequence[Any]) -> Tensor:
+    if len(values) <= SLICE:
         data = _typed_array(name, datatype, values)
+    else:
+        # A slice at a time: converting a repeated field holds the GIL throughout.
+        data = np.empty(len(values), dtype=datatype.numpy)
+        for start in range(0, len(values), SLICE):
+            data[start : start + SLICE] = _typed_array(
+                name, datatype, values[start : start + SLICE])
     return Tensor(name, datatype, shape, data.reshape(shape))
 
 
 def _typed_array(name: str, datatype: DataType, values: Sequence[Any]) -> np.ndarray:
+    if datatype is DataType.BYTES:
+        return bytes_array(list(values))
     wide = np.array(values, dtype=_WIDE.get(datatype, datatype.numpy))
     if datatype not in _WIDE:
         return wide
@@ -256,23 +307,23 @@ def _model_parameter(key: str, param: pb.InferParameter) -> ParamValue:
 # -------------------------------------------------------------------------- response
 
 
-def encode_infer_response(
+def infer_response_message(
     response: InferenceResponse, request: InferenceRequest
 ) -> pb.ModelInferResponse:
     """A ModelInferResponse with every output in ``raw_output_contents``.
 
     An output requested with a ``classification`` count is sent as its top classes (BYTES),
-    using what the core set on ``request`` at admission: ``batched`` and ``labels``.
+    using what the response's ``served_by`` says: ``batched`` and ``labels``.
     """
     message, raws = _response_without_contents(response, request)
     message.raw_output_contents.extend(bytes(raw) for raw in raws)
     return message
 
 
-def serialize_infer_response(
+def encode_infer_response(
     response: InferenceResponse, request: InferenceRequest
 ) -> list[bytes | memoryview]:
-    """``encode_infer_response(...).SerializeToString()``, in pieces that view the output
+    """``infer_response_message(...).SerializeToString()``, in pieces that view the output
     tensors instead of copying them: through the message, a tensor is copied three times
     (into bytes, into the message, into its serialization) before the socket copies it."""
     message, raws = _response_without_contents(response, request)
@@ -300,8 +351,11 @@ def _varint(value: int) -> bytes:
 def _response_without_contents(
     response: InferenceResponse, request: InferenceRequest
 ) -> tuple[pb.ModelInferResponse, list[bytes | memoryview]]:
+    served = response.served_by
     message = pb.ModelInferResponse(
-        model_name=request.model_name, model_version=str(request.model_version), id=request.id
+        model_name=request.model_name,
+        model_version="" if served is None else str(served.version),
+        id=request.id,
     )
     wanted = _class_counts(request)
     outputs = message.outputs
@@ -311,7 +365,9 @@ def _response_without_contents(
             if tensor.name not in wanted:
                 continue
             if wanted[tensor.name]:
-                tensor = classify(tensor, wanted[tensor.name], request.batched, request.labels)
+                batched = served is not None and served.batched
+                labels = None if served is None else served.labels
+                tensor = classify(tensor, wanted[tensor.name], batched, labels)
         outputs.add(name=tensor.name, datatype=tensor.datatype.wire, shape=tensor.shape)
         raws.append(_raw_output(tensor))
     if response.parameters:
@@ -373,7 +429,7 @@ def encode_stream_response(
         _fill_bare(message.infer_response, request, state)
     else:
         try:
-            infer = encode_infer_response(response, request)
+            infer = infer_response_message(response, request)
         except TritiumError as exc:
             return encode_stream_response(InferenceResponse.failure(exc, response.final), request)
         message = pb.ModelStreamInferResponse(infer_response=infer)

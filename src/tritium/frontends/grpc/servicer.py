@@ -9,6 +9,7 @@ from typing import Any
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
+from tritium.core import offload
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.inflight import InFlight
 from tritium.core.request import InferenceRequest
@@ -110,9 +111,11 @@ class InferenceServicer:
     # -- inference -------------------------------------------------------------
     async def ModelInfer(self, message: Any, call: Call) -> list[bytes | memoryview]:
         # The call's cancellation: the transport cancels it however the call ends early.
-        request = codec.decode_infer_request(message)
+        request = await decode_request(self.service, message)
         response = await self.service.infer(request, call.cancellation)
-        return codec.serialize_infer_response(response, request)
+        if offload.heavy(offload.response_bytes(response)):
+            return await offload.run(codec.encode_infer_response, response, request)
+        return codec.encode_infer_response(response, request)
 
     async def ModelStreamInfer(self, call: Call) -> None:
         await StreamSession(self.service, call).run()
@@ -133,15 +136,15 @@ class StreamSession:
 
     async def run(self) -> None:
         async for message in self.call.requests():
-            self._start(message)
+            await self._start(message)
             while len(self.in_flight) >= self._limit:
                 self._room.clear()
                 await self._room.wait()
         await self.in_flight.wait_empty()
 
-    def _start(self, message: Any) -> None:
+    async def _start(self, message: Any) -> None:
         try:
-            request = codec.decode_infer_request(message)
+            request = await decode_request(self.service, message)
             # Each request follows the call: its end cancels them all with its reason.
             stream = self.service.submit(request, self.call.cancellation.child())
         except TritiumError as exc:
@@ -158,11 +161,24 @@ class StreamSession:
     async def _forward(self, request: InferenceRequest, stream: ResponseStream) -> None:
         call = self.call
         async for response in stream:
-            message = codec.encode_stream_response(response, request)
+            if offload.heavy(offload.response_bytes(response)):
+                message = await offload.run(codec.encode_stream_response, response, request)
+            else:
+                message = codec.encode_stream_response(response, request)
             if message is not None:
                 call.write(message)
                 if call.blocked:
                     await call.drain()
+
+
+async def decode_request(service: InferenceService, message: Any) -> InferenceRequest:
+    """Decode a ModelInferRequest for the model version it names, which must be ready: the
+    inputs are checked against it before any data is decoded, and a big message is decoded
+    off the event loop."""
+    model = service.model(message.model_name, codec.parse_version(message.model_version))
+    if offload.heavy(codec.request_bytes(message)):
+        return await offload.run(codec.decode_infer_request, message, model)
+    return codec.decode_infer_request(message, model)
 
 
 class HealthServicer:

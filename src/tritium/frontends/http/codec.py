@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,7 @@ import orjson
 
 from tritium.core.classification import classify
 from tritium.core.errors import ErrorCode, TritiumError, invalid
+from tritium.core.model import ModelHandle
 from tritium.core.parameters import (
     apply_known_parameter,
     parse_bool,
@@ -19,13 +21,16 @@ from tritium.core.parameters import (
 )
 from tritium.core.request import InferenceRequest, ParamValue, RequestedOutput
 from tritium.core.response import InferenceResponse
-from tritium.core.serialization import array_from_binary, bytes_array, tensor_bytes
+from tritium.core.serialization import SLICE, array_from_binary, bytes_array, tensor_bytes
 from tritium.core.types import DataType, Tensor, TensorSpec
+from tritium.core.validation import check_input, element_count
+from tritium.frontends.http import json_pieces
 from tritium.frontends.http.tensor_data import (
     InputLabel,
     Part,
     array_from_json,
     flatten_json,
+    json_pieces_of,
     json_values,
 )
 
@@ -65,8 +70,13 @@ def decode_infer_request(
     model_version: int | None,
     *,
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+    model: ModelHandle | None = None,
 ) -> InferenceRequest:
-    """Decode an ``/infer`` body; ``header_length`` is Inference-Header-Content-Length."""
+    """Decode an ``/infer`` body; ``header_length`` is Inference-Header-Content-Length.
+
+    With ``model``, each input is checked against its configuration (declared, datatype,
+    shape, batch size) before any input's data is decoded.
+    """
     view = memoryview(body)
     json_end = _json_header_end(len(view), header_length, max_input_size)
     doc = parse_json_object(view[:json_end] if json_end != len(view) else view)
@@ -75,9 +85,10 @@ def decode_infer_request(
     options = HttpOutputOptions()
     _apply_parameters(request, options, doc.get("parameters"))
     reader = _BinaryReader(view, json_end, header_length is not None, model_name)
-    request.inputs = _decode_inputs(doc, reader, request, max_input_size)
+    planned = _plan_inputs(doc, reader, request, max_input_size, model)
     reader.finish()
     request.requested_outputs = _decode_outputs(doc)
+    request.inputs = {plan.label.name: _decode_input(plan, max_input_size) for plan in planned}
     request.frontend_state = options
     return request
 
@@ -114,10 +125,11 @@ def decode_raw_binary_request(
 
 
 def parse_json_object(data: Body) -> dict[str, Any]:
-    """Parse a JSON document that must be an object; INVALID_ARG otherwise."""
+    """Parse a JSON document that must be an object; INVALID_ARG otherwise. A big one is
+    parsed in pieces, so that on a worker thread it lets the event loop run in between."""
     try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
+        doc = json_pieces.loads(data) if len(data) > json_pieces.PIECE else orjson.loads(data)
+    except (orjson.JSONDecodeError, json_pieces.JsonError) as exc:
         raise invalid(f"failed to parse the request JSON buffer: {exc}") from None
     if type(doc) is not dict:
         raise invalid("failed to parse the request JSON buffer: the document is not an object")
@@ -243,27 +255,47 @@ class _BinaryReader:
             raise invalid(f"unexpected additional input data for model '{self._model}'")
 
 
-def _decode_inputs(
-    doc: dict[str, Any], reader: _BinaryReader, request: InferenceRequest, limit: int
-) -> dict[str, Tensor]:
+@dataclass(slots=True)
+class _PlannedInput:
+    """An input whose description passed every check; its data is not decoded yet."""
+
+    label: InputLabel
+    datatype: DataType
+    shape: tuple[int, ...]
+    count: int
+    chunk: Body | None  # binary data; None: JSON ``data``
+    data: Any = None
+
+
+def _plan_inputs(
+    doc: dict[str, Any],
+    reader: _BinaryReader,
+    request: InferenceRequest,
+    limit: int,
+    model: ModelHandle | None,
+) -> list[_PlannedInput]:
     items = doc.get("inputs")
     if type(items) is not list:
         raise invalid("Unable to parse 'inputs': expected a JSON array")
-    tensors: dict[str, Tensor] = {}
+    planned: dict[str, _PlannedInput] = {}
     for item in items:
-        tensor = _decode_input(item, reader, request, limit)
-        if tensor.name in tensors:
+        plan = _plan_input(item, reader, request, limit, model)
+        if plan.label.name in planned:
             raise invalid(
-                f"[request id: {request.describe()}] input '{tensor.name}' already exists in "
-                "request"
+                f"[request id: {request.describe()}] input '{plan.label.name}' already exists "
+                "in request"
             )
-        tensors[tensor.name] = tensor
-    return tensors
+        planned[plan.label.name] = plan
+    return list(planned.values())
 
 
-def _decode_input(
-    item: Any, reader: _BinaryReader, request: InferenceRequest, limit: int
-) -> Tensor:
+def _plan_input(
+    item: Any,
+    reader: _BinaryReader,
+    request: InferenceRequest,
+    limit: int,
+    model: ModelHandle | None,
+) -> _PlannedInput:
     if type(item) is not dict:
         raise invalid("Unable to parse 'inputs': each input must be a JSON object")
     source, params = _input_source(item)
@@ -272,19 +304,31 @@ def _decode_input(
         raise invalid("Unable to parse 'name': expected a string")
     datatype = _datatype(item.get("datatype"), name)
     shape = _shape(item.get("shape"))
-    count = math.prod(shape)
     label = InputLabel(name, request.model_name, request.describe())
+    count = element_count(name, shape, label.prefix)
+    if model is not None:
+        check_input(model, name, datatype, shape, label.prefix)
     if source is _Source.BINARY:
         size = params["binary_data_size"]
         if type(size) is not int or size < 0:
             raise invalid("Unable to parse 'binary_data_size': expected an unsigned integer")
-        return _tensor_from_binary(label, datatype, shape, count, reader.take(name, size))
+        chunk = reader.take(name, size)
+        _check_binary_size(label, datatype, count, chunk)
+        return _PlannedInput(label, datatype, shape, count, chunk)
     if source is _Source.SHARED_MEMORY:
         raise invalid(
             f"input '{name}' uses shared memory, which is not supported by this server; "
             "send its data in the request body"
         )
-    return _tensor_from_json(name, datatype, shape, item["data"], limit)
+    data = item["data"]
+    _check_json_size(name, datatype, count, data, limit)
+    return _PlannedInput(label, datatype, shape, count, None, data)
+
+
+def _decode_input(plan: _PlannedInput, limit: int) -> Tensor:
+    if plan.chunk is not None:
+        return _tensor_from_binary(plan.label, plan.datatype, plan.shape, plan.count, plan.chunk)
+    return _tensor_from_json(plan.label.name, plan.datatype, plan.shape, plan.data, limit)
 
 
 def _input_source(item: dict[str, Any]) -> tuple[_Source, dict[str, Any]]:
@@ -324,36 +368,52 @@ def _shape(value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _tensor_from_binary(
-    label: InputLabel, datatype: DataType, shape: tuple[int, ...], count: int, chunk: Body
-) -> Tensor:
+def _check_binary_size(label: InputLabel, datatype: DataType, count: int, chunk: Body) -> None:
     expected = count * datatype.itemsize
     if datatype is not DataType.BYTES and len(chunk) != expected:
         raise invalid(
             f"{label.prefix}input byte size mismatch for input '{label.name}' for model "
             f"'{label.model}'. Expected {expected}, got {len(chunk)}"
         )
+
+
+def _tensor_from_binary(
+    label: InputLabel, datatype: DataType, shape: tuple[int, ...], count: int, chunk: Body
+) -> Tensor:
+    _check_binary_size(label, datatype, count, chunk)
     # Zero-copy for fixed-size types: the array is a view of the request body.
     data = array_from_binary(chunk, datatype, count, label.where, label.prefix)
     return Tensor(label.name, datatype, shape, data.reshape(shape))
 
 
-def _tensor_from_json(
-    name: str, datatype: DataType, shape: tuple[int, ...], data: Any, limit: int
-) -> Tensor:
+def _check_json_size(name: str, datatype: DataType, count: int, data: Any, limit: int) -> None:
     if type(data) is not list:
         raise invalid("Unable to parse 'data': expected a JSON array")
-    # Clients send flat data; nested data (rows first) is rare, so one probe decides.
-    flat = flatten_json(data) if data and type(data[0]) is list else data
-    if len(flat) != math.prod(shape):
-        raise invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
-    array = array_from_json(flat, datatype, name)
-    if array.nbytes > limit:
+    if not (data and type(data[0]) is list) and len(data) != count:
+        raise _json_count_error()
+    byte_size = count * datatype.numpy.itemsize
+    if byte_size > limit:
         raise invalid(
-            f"JSON input '{name}' has a byte_size ({array.nbytes} bytes) that exceeds the "
+            f"JSON input '{name}' has a byte_size ({byte_size} bytes) that exceeds the "
             f"maximum allowed value of {limit} bytes. Use --http-max-input-size to increase "
             "the limit."
         )
+
+
+def _json_count_error() -> TritiumError:
+    return invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
+
+
+def _tensor_from_json(
+    name: str, datatype: DataType, shape: tuple[int, ...], data: Any, limit: int
+) -> Tensor:
+    count = math.prod(shape)
+    _check_json_size(name, datatype, count, data, limit)
+    # Clients send flat data; nested data (rows first) is rare, so one probe decides.
+    flat = flatten_json(data) if data and type(data[0]) is list else data
+    if len(flat) != count:
+        raise _json_count_error()
+    array = array_from_json(flat, datatype, name)
     return Tensor(name, datatype, shape, array.reshape(shape))
 
 
@@ -395,21 +455,20 @@ def _decode_output(item: Any) -> RequestedOutput:
 
 
 def encode_infer_response(
-    response: InferenceResponse,
-    request: InferenceRequest,
-    model_name: str,
-    model_version: int,
+    response: InferenceResponse, request: InferenceRequest
 ) -> tuple[list[tuple[str, str]], list[Part]]:
     """Response headers and body parts (JSON header first, then binary blobs in order).
 
-    Classification reads what the core set on ``request`` at admission: ``batched`` (whether
-    the first dimension is the batch) and ``labels`` (each output's class labels).
+    The model version and, for classification, ``batched`` (whether the first dimension is
+    the batch) and ``labels`` (each output's class labels) come from ``response.served_by``.
     """
     options = request.frontend_state
     if not isinstance(options, HttpOutputOptions):
         options = _JSON_OUTPUTS
     listed = _listed_outputs(request)
+    served = response.served_by
     blobs: list[Part] = []
+    spliced = _Spliced()
     entries: list[dict[str, Any]] = []
     for tensor in response.outputs:
         classes: ParamValue = 0
@@ -422,14 +481,16 @@ def encode_infer_response(
             binary = params.get("binary_data") is True
             classes = params.get("classification", 0)
         if type(classes) is int and classes > 0:
-            tensor = classify(tensor, classes, request.batched, request.labels)
-        entries.append(_output_entry(tensor, binary, blobs))
-    header = _dump_header(_response_header(response, request, model_name, model_version, entries))
+            tensor = classify(tensor, classes, served is not None and served.batched,
+                              None if served is None else served.labels)
+        entries.append(_output_entry(tensor, binary, blobs, spliced))
+    header = spliced.join(_dump_header(_response_header(response, request, entries)))
     if blobs:
-        headers = [("Content-Type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(len(header)))]
+        size = sum(map(len, header))
+        headers = [("Content-Type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(size))]
     else:
         headers = [("Content-Type", JSON_CONTENT_TYPE)]
-    return headers, [header, *blobs]
+    return headers, [*header, *blobs]
 
 
 def _listed_outputs(request: InferenceRequest) -> dict[str, dict[str, ParamValue]] | None:
@@ -439,17 +500,15 @@ def _listed_outputs(request: InferenceRequest) -> dict[str, dict[str, ParamValue
 
 
 def _response_header(
-    response: InferenceResponse,
-    request: InferenceRequest,
-    model_name: str,
-    model_version: int,
-    entries: list[dict[str, Any]],
+    response: InferenceResponse, request: InferenceRequest, entries: list[dict[str, Any]]
 ) -> dict[str, Any]:
+    served = response.served_by
+    version = request.model_version if served is None else served.version
     header: dict[str, Any] = {}
     if request.id:
         header["id"] = request.id
-    header["model_name"] = model_name
-    header["model_version"] = str(model_version)
+    header["model_name"] = request.model_name if served is None else served.model_name
+    header["model_version"] = "" if version is None else str(version)
     if response.parameters:
         header["parameters"] = response.parameters
     header["outputs"] = entries
@@ -466,7 +525,41 @@ def _dump_header(header: dict[str, Any]) -> bytes:
         ) from None
 
 
-def _output_entry(tensor: Tensor, binary: bool, blobs: list[Part]) -> dict[str, Any]:
+class _Spliced:
+    """Big outputs' JSON ``data``, written apart from the header in slices and put in
+    place of a marker: no list of every element as Python objects, and no GIL held for
+    longer than a slice takes."""
+
+    __slots__ = ("_data", "_marker")
+
+    def __init__(self) -> None:
+        self._marker = ""
+        self._data: list[list[Part]] = []
+
+    def add(self, tensor: Tensor) -> str:
+        if not self._marker:
+            self._marker = "\x00tritium-data:" + secrets.token_hex(8)
+        self._data.append(json_pieces_of(tensor))
+        return self._marker
+
+    def join(self, header: bytes) -> list[Part]:
+        if not self._data:
+            return [header]
+        marker = orjson.dumps(self._marker)
+        parts: list[Part] = []
+        start = 0
+        for pieces in self._data:
+            at = header.index(marker, start)
+            parts.append(header[start:at])
+            parts.extend(pieces)
+            start = at + len(marker)
+        parts.append(header[start:])
+        return parts
+
+
+def _output_entry(
+    tensor: Tensor, binary: bool, blobs: list[Part], spliced: _Spliced
+) -> dict[str, Any]:
     if tensor.data.size != tensor.element_count:
         raise TritiumError(
             ErrorCode.INTERNAL,
@@ -482,6 +575,8 @@ def _output_entry(tensor: Tensor, binary: bool, blobs: list[Part]) -> dict[str, 
         entry["parameters"] = {"binary_data_size": len(blob)}
         if len(blob):
             blobs.append(blob)
+    elif tensor.element_count > SLICE:
+        entry["data"] = spliced.add(tensor)
     else:
         entry["data"] = json_values(tensor)
     return entry

@@ -134,15 +134,16 @@ def generate_shape(dims: tuple[int, ...], count: int) -> tuple[int, ...] | None:
     return tuple(shape) if math.prod(shape) == count else None
 
 
-def encode_generate_response(
-    response: InferenceResponse, request: InferenceRequest, model_name: str, model_version: int
-) -> bytes:
-    """One generate response: metadata, response parameters and outputs as top-level keys."""
+def encode_generate_response(response: InferenceResponse, request: InferenceRequest) -> bytes:
+    """One generate response: metadata, response parameters and outputs as top-level keys;
+    the model version is the one ``response.served_by`` names."""
+    served = response.served_by
+    version = request.model_version if served is None else served.version
     doc: dict[str, Any] = {}
     if request.id:
         doc["id"] = request.id
-    doc["model_name"] = model_name
-    doc["model_version"] = str(model_version)
+    doc["model_name"] = request.model_name if served is None else served.model_name
+    doc["model_version"] = "" if version is None else str(version)
     # Earlier keys win a name clash: metadata, then parameters, then outputs.
     for key, value in response.parameters.items():
         doc.setdefault(key, value)

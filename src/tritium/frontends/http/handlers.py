@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
+from tritium.core import offload
 from tritium.core.cancellation import Cancellation
 from tritium.core.errors import TritiumError, invalid
-from tritium.core.model import ModelMetadata
+from tritium.core.model import ModelHandle, ModelMetadata
 from tritium.core.request import InferenceRequest
+from tritium.core.response import InferenceResponse
 from tritium.core.service import InferenceService
 from tritium.frontends.http import codec, compression, generate
-from tritium.frontends.http.exchange import HttpExchange
+from tritium.frontends.http.exchange import BodyPart, HttpExchange
 from tritium.frontends.http.routes import Match, NoRoute, Router
 from tritium.frontends.http.statistics import encode_statistics
 from tritium.frontends.http.status import http_status
 
 log = logging.getLogger("tritium.http")
+T = TypeVar("T")
 
 JSON = [("Content-Type", "application/json")]
 SSE = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
@@ -133,48 +137,51 @@ class HttpApi:
     # -- inference ---------------------------------------------------------------
     async def infer(self, exchange: HttpExchange, match: Match) -> None:
         name, version = _model(match), parse_version(match.version)
+        # Before any of the body is looked at: a request for a model that cannot serve it
+        # costs nothing, however big.
+        model = self.service.model(name, version)
         headers = exchange.request.headers
-        body = self._body(exchange)
+        body = await self._unpacked_body(exchange)
         header_length = _header_length(headers.get("inference-header-content-length"), len(body))
-        if header_length == 0:
-            model = self.service.model(name, version)
-            if len(model.inputs) != 1:
-                raise invalid(
-                    "Raw binary request must only have 1 input, "
-                    f"model '{name}' has {len(model.inputs)}"
-                )
-            spec = next(iter(model.inputs.values()))
-            request = codec.decode_raw_binary_request(
-                body, spec, model.max_batch_size > 0, name, version,
-                max_input_size=self.max_input_size,
-            )
-        else:
-            request = codec.decode_infer_request(
-                body, header_length, name, version, max_input_size=self.max_input_size
-            )
+        request = await _coded(functools.partial(
+            self._decode_infer, body, header_length, model, version), len(body))
         response = await self._run(exchange, request, self.service.infer)
         if response is None:
             return
-        assert request.model_version is not None
-        out_headers, parts = codec.encode_infer_response(
-            response, request, request.model_name, request.model_version
-        )
-        encoding, parts = compression.compress_response(parts, headers.get("accept-encoding"))
-        if encoding is not None:
-            out_headers = [*out_headers, ("Content-Encoding", encoding)]
+        out_headers, parts = await _coded(functools.partial(
+            _encode_infer, response, request, headers.get("accept-encoding")),
+            offload.response_bytes(response))
         exchange.respond(200, out_headers, parts)
 
+    def _decode_infer(self, body: bytes, header_length: int | None, model: ModelHandle,
+                      version: int | None) -> InferenceRequest:
+        if header_length != 0:
+            return codec.decode_infer_request(
+                body, header_length, model.name, version, max_input_size=self.max_input_size,
+                model=model,
+            )
+        if len(model.inputs) != 1:
+            raise invalid(
+                "Raw binary request must only have 1 input, "
+                f"model '{model.name}' has {len(model.inputs)}"
+            )
+        spec = next(iter(model.inputs.values()))
+        return codec.decode_raw_binary_request(
+            body, spec, model.max_batch_size > 0, model.name, version,
+            max_input_size=self.max_input_size,
+        )
+
     async def generate(self, exchange: HttpExchange, match: Match) -> None:
-        request = self._generate_request(exchange, match)
+        request = await self._generate_request(exchange, match)
         response = await self._run(exchange, request, self.service.generate)
         if response is None:
             return
-        assert request.model_version is not None
-        exchange.respond(200, JSON, generate.encode_generate_response(
-            response, request, request.model_name, request.model_version))
+        exchange.respond(200, JSON, await _coded(functools.partial(
+            generate.encode_generate_response, response, request),
+            offload.response_bytes(response)))
 
     async def generate_stream(self, exchange: HttpExchange, match: Match) -> None:
-        request = self._generate_request(exchange, match)
+        request = await self._generate_request(exchange, match)
         stream = self.service.submit(request, exchange.cancellation)
         started = False
         async for response in stream:
@@ -187,18 +194,27 @@ class HttpApi:
             if response.error is not None:
                 exchange.write_chunk(generate.sse_error(response.error))
             elif not response.flag_only:
-                assert request.model_version is not None
-                exchange.write_chunk(generate.sse_event(generate.encode_generate_response(
-                    response, request, request.model_name, request.model_version)))
+                exchange.write_chunk(generate.sse_event(
+                    generate.encode_generate_response(response, request)))
             await exchange.wait_writable()
         exchange.end_stream()
 
-    def _generate_request(self, exchange: HttpExchange, match: Match) -> InferenceRequest:
+    async def _generate_request(self, exchange: HttpExchange, match: Match
+                                ) -> InferenceRequest:
         name, version = _model(match), parse_version(match.version)
         model = self.service.model(name, version)
-        return generate.decode_generate_request(
-            self._body(exchange), model, version, max_input_size=self.max_input_size
-        )
+        body = await self._unpacked_body(exchange)
+        return await _coded(functools.partial(
+            generate.decode_generate_request, body, model, version,
+            max_input_size=self.max_input_size), len(body))
+
+    async def _unpacked_body(self, exchange: HttpExchange) -> bytes:
+        """The body, decompressed off the event loop unless it is small."""
+        request = exchange.request
+        if request.headers.get("content-encoding") is None:
+            return request.body
+        return await _coded(functools.partial(self._body, exchange),
+                            _INFLATE_RATIO * len(request.body))
 
     def _body(self, exchange: HttpExchange) -> bytes:
         request = exchange.request
@@ -217,6 +233,27 @@ class HttpApi:
             if exchange.disconnected:
                 return None
             raise
+
+
+# Compressed bodies are weighed as if this much bigger: the work is in inflating them.
+_INFLATE_RATIO = 64
+
+
+async def _coded(work: Callable[[], T], size: int) -> T:
+    """``work()``, a decode or encode of about ``size`` bytes: inline when small, on a
+    codec thread otherwise, so that a big one never holds the event loop."""
+    if offload.heavy(size):
+        return await offload.run(work)
+    return work()
+
+
+def _encode_infer(response: InferenceResponse, request: InferenceRequest,
+                  accept_encoding: str | None) -> tuple[list[tuple[str, str]], list[BodyPart]]:
+    headers, parts = codec.encode_infer_response(response, request)
+    encoding, parts = compression.compress_response(parts, accept_encoding)
+    if encoding is not None:
+        headers = [*headers, ("Content-Encoding", encoding)]
+    return headers, parts
 
 
 def _model(match: Match) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.serialization import SLICE, bytes_array, bytes_elements, wire_array
@@ -105,12 +106,34 @@ def json_values(tensor: Tensor) -> list[Any]:
     """The tensor's elements as a flat JSON array (BYTES as UTF-8 text)."""
     if tensor.datatype is DataType.BYTES:
         return [_text(tensor.name, element) for element in bytes_elements(tensor.data)]
-    if tensor.datatype is DataType.FP16 or tensor.datatype is DataType.BF16:
+    _refuse_half(tensor.datatype)
+    return wire_array(tensor).reshape(-1).tolist()
+
+
+def _refuse_half(datatype: DataType) -> None:
+    if datatype is DataType.FP16 or datatype is DataType.BF16:
         raise invalid(
-            f"sending {tensor.datatype.wire} data via JSON is not supported. Please use the "
+            f"sending {datatype.wire} data via JSON is not supported. Please use the "
             "binary data format for output"
         )
-    return wire_array(tensor).reshape(-1).tolist()
+
+
+def json_pieces_of(tensor: Tensor) -> list[Part]:
+    """``orjson.dumps(json_values(tensor))`` in pieces of SLICE elements each, so that no
+    one call holds the GIL long and the whole tensor never exists as Python objects."""
+    flat = tensor.data.reshape(-1)
+    if tensor.datatype is not DataType.BYTES:
+        _refuse_half(tensor.datatype)
+        flat = wire_array(Tensor(tensor.name, tensor.datatype, (flat.size,), flat))
+    pieces: list[Part] = [b"["]
+    for start in range(0, flat.size, SLICE):
+        part = flat[start : start + SLICE]
+        values = json_values(Tensor(tensor.name, tensor.datatype, (part.size,), part))
+        if start:
+            pieces.append(b",")
+        pieces.append(memoryview(orjson.dumps(values))[1:-1])
+    pieces.append(b"]")
+    return pieces
 
 
 def _text(name: str, element: bytes) -> str:
