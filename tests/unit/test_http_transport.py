@@ -1,13 +1,16 @@
-"""Byte-level tests of the HTTP/1.1 transport over raw loopback sockets, on asyncio and uvloop."""
+"""Byte-level tests of the HTTP/1.1 transport: over raw loopback sockets on asyncio and uvloop,
+and driven with bytes alone where a bound is judged."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import socket
 import struct
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -15,9 +18,11 @@ from typing import Any
 import pytest
 import uvloop
 
+from tritium.frontends.http.connection import HttpConnection
 from tritium.frontends.http.exchange import App, HttpExchange, HttpRequest
 from tritium.frontends.http.limits import HttpLimits
-from tritium.frontends.http.transport import HttpServer, start_http_server
+from tritium.frontends.http.pacing import LINGER_S, Pacing
+from tritium.frontends.http.transport import HttpServer, OpenConnections, start_http_server
 
 BOUND_S = 5.0  # generous: a wait that hits it means the behaviour is missing
 Runner = Callable[[Coroutine[Any, Any, None]], None]
@@ -701,3 +706,369 @@ def test_upgrade_request_is_answered_as_plain_http_and_nothing_after_it(
 
     run(scenario())
     assert len(seen) == 1 and "/smuggled" not in seen
+
+
+# -- bounds: driven with bytes, no sockets ------------------------------------------------------
+
+
+class FakeTransport(asyncio.Transport):
+    """Records what the connection writes; its buffer fills until the test drains it."""
+
+    def __init__(self, high_water: int = 1 << 30):
+        super().__init__()
+        self.protocol: HttpConnection | None = None
+        self.written = bytearray()
+        self.buffered = 0
+        self.high_water = high_water
+        self.reading = True
+        self.closed = self.aborted = self.eof_written = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+        self.buffered += len(data)
+        if self.buffered > self.high_water and self.protocol is not None:
+            self.protocol.pause_writing()
+
+    def writelines(self, parts: Any) -> None:
+        self.write(b"".join(parts))
+
+    def drain(self) -> None:
+        self.buffered = 0
+        assert self.protocol is not None
+        self.protocol.resume_writing()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof_written = True
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+
+def attach(app: App, transport: FakeTransport, **limits: Any) -> HttpConnection:
+    conn = HttpConnection(app, HttpLimits(**limits), OpenConnections(cap=8))
+    transport.protocol = conn
+    conn.connection_made(transport)
+    return conn
+
+
+class Recorder:
+    """An echo app that notes each path and lets the test await the n-th call."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.called = asyncio.Event()
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, exchange: HttpExchange) -> None:
+        self.paths.append(exchange.request.path)
+        self.called.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        await echo(exchange)
+
+    async def wait_calls(self, count: int) -> None:
+        async with asyncio.timeout(BOUND_S):
+            while len(self.paths) < count:
+                self.called.clear()
+                await self.called.wait()
+
+
+async def turns(count: int = 10) -> None:
+    """Let every ready task run a few times: for asserting that something did *not* happen."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def test_closed_connection_and_its_partial_body_are_freed_without_a_collection() -> None:
+    async def scenario() -> None:
+        transport = FakeTransport()
+        conn = attach(echo, transport)
+        conn.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 4000000\r\n\r\n"
+                           + b"x" * 1_000_000)
+        alive = weakref.ref(conn)
+        conn.connection_lost(None)
+        transport.protocol = None
+        del conn
+        assert alive() is None
+
+    gc.disable()  # only reference counting may free it
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.enable()
+
+
+def test_connection_that_served_requests_is_freed_without_a_collection() -> None:
+    async def scenario() -> None:
+        app = Recorder()
+        transport = FakeTransport()
+        connections = OpenConnections(cap=8)
+        conn = HttpConnection(app, HttpLimits(), connections)
+        transport.protocol = conn
+        conn.connection_made(transport)
+        conn.data_received(request_bytes("/a", b"1") + request_bytes("/b", b"2"))
+        await app.wait_calls(2)
+        alive = weakref.ref(conn)
+        conn.connection_lost(None)
+        transport.protocol = None
+        del conn
+        await bounded(connections.wait_empty())
+        assert alive() is None
+
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize(("head", "fragment"), [
+    (b"GET / HTTP/1.1\r\n\r\n", "without a Host"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "more than one Host"),
+    (b"GET / HTTP/1.0\r\nHost: a\r\nhost: b\r\n\r\n", "more than one Host"),
+])
+def test_a_request_without_exactly_one_host_gets_400(head: bytes, fragment: str) -> None:
+    async def scenario() -> None:
+        app = Recorder()
+        transport = FakeTransport()
+        attach(app, transport).data_received(head + request_bytes("/next"))
+        await turns()
+        assert transport.written.startswith(b"HTTP/1.1 400 ")
+        assert fragment.encode() in transport.written
+        assert app.paths == []
+
+    asyncio.run(scenario())
+
+
+def test_http10_needs_no_host() -> None:
+    async def scenario() -> None:
+        app = Recorder()
+        transport = FakeTransport()
+        attach(app, transport).data_received(b"GET /old HTTP/1.0\r\n\r\n")
+        await app.wait_calls(1)
+        assert transport.written.startswith(b"HTTP/1.1 200 ")
+
+    asyncio.run(scenario())
+
+
+def test_a_peer_that_does_not_read_stops_both_reading_and_serving() -> None:
+    async def scenario() -> None:
+        app = Recorder()
+        transport = FakeTransport(high_water=16)
+        conn = attach(app, transport)
+        conn.data_received(b"".join(request_bytes(f"/{i}", b"x" * 32) for i in range(3)))
+        await app.wait_calls(1)
+        await turns()
+        # The first answer filled the buffer: nothing more is read or answered.
+        assert (app.paths, transport.reading, conn.reading_paused) == (["/0"], False, True)
+        transport.high_water = 1 << 30
+        transport.drain()
+        await app.wait_calls(3)
+        assert app.paths == ["/0", "/1", "/2"]
+        assert transport.reading
+
+    asyncio.run(scenario())
+
+
+def test_bodies_queued_behind_a_busy_request_are_bounded_in_bytes() -> None:
+    async def scenario() -> None:
+        app = Recorder()
+        app.gate = asyncio.Event()
+        transport = FakeTransport()
+        conn = attach(app, transport, max_pipeline_bytes=1000)
+        conn.data_received(request_bytes("/slow", b"a"))
+        await app.wait_calls(1)
+        conn.data_received(request_bytes("/1", b"b" * 600))
+        assert transport.reading  # one body waiting is within the bound
+        conn.data_received(request_bytes("/2", b"c" * 600))
+        assert not transport.reading
+        app.gate.set()
+        await app.wait_calls(3)
+        assert transport.reading
+
+    asyncio.run(scenario())
+
+
+def test_a_body_that_stops_gets_408_then_a_half_close_then_an_abort() -> None:
+    async def scenario() -> None:
+        transport = FakeTransport()
+        conn = attach(echo, transport, body_timeout_s=10.0, min_body_rate=1.0)
+        start = conn._connections.now
+        conn.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+        conn.check_timeouts(start + 1.0)  # the sweep that sees the bytes marks progress
+        conn.check_timeouts(start + 10.0)
+        assert transport.written == b""
+        conn.check_timeouts(start + 11.0)
+        assert transport.written.startswith(b"HTTP/1.1 408 ")
+        assert b"no data for 10 s" in transport.written
+        assert transport.eof_written and not transport.closed  # draining what is in flight
+        conn.check_timeouts(start + 11.0 + LINGER_S)
+        assert transport.aborted
+
+    asyncio.run(scenario())
+
+
+def test_a_body_that_trickles_gets_408_after_its_grace() -> None:
+    async def scenario() -> None:
+        transport = FakeTransport()
+        conn = attach(echo, transport, min_body_rate=100.0, body_rate_grace_s=5.0)
+        start = conn._connections.now
+        conn.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+        for second in range(1, 7):  # a byte a second, never a long pause
+            conn.data_received(b"x")
+            conn.check_timeouts(start + second)
+        assert transport.written.startswith(b"HTTP/1.1 408 ")
+        assert b"slower than 100 bytes/s" in transport.written
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_that_stalls_is_aborted_after_the_send_timeout() -> None:
+    async def scenario() -> None:
+        transport = FakeTransport()
+        conn = attach(echo, transport, send_timeout_s=10.0)
+        start = conn._connections.now
+        transport.buffered = 1000
+        conn.pause_writing()
+        transport.buffered = 900  # it reads a little: the clock starts again
+        conn.check_timeouts(start + 9.0)
+        conn.check_timeouts(start + 18.0)
+        assert not transport.aborted
+        conn.check_timeouts(start + 19.0)
+        assert transport.aborted
+
+    asyncio.run(scenario())
+
+
+def test_pacing_judges_only_the_peers_time() -> None:
+    limits = HttpLimits(header_timeout_s=10.0, keepalive_timeout_s=20.0, body_timeout_s=10.0,
+                        min_body_rate=10.0, body_rate_grace_s=5.0)
+    pacing = Pacing(limits, now=0.0)
+    assert not pacing.idle_too_long(19.9) and pacing.idle_too_long(20.0)
+    pacing.waiting_since = 100.0  # the server answered at 100: the head clock starts there
+    assert not pacing.head_too_slow(109.0, head_started=50.0)
+    assert pacing.head_too_slow(110.0, head_started=50.0)
+    pacing.body_started(200.0)
+    assert pacing.body_too_slow(205.0, received=0) is None  # within the grace
+    assert pacing.body_too_slow(206.0, received=10) is None  # 10 bytes/s past the grace
+    assert pacing.body_too_slow(207.0, received=11) is not None
+    pacing.write_paused(300.0, buffered=500)
+    assert not pacing.send_stalled(359.0, buffered=500)
+    assert pacing.send_stalled(360.0, buffered=500)
+
+
+# -- bounds over sockets ----------------------------------------------------------------------
+
+
+def test_connections_over_the_cap_get_503_and_close_while_the_others_are_served(
+    run: Runner
+) -> None:
+    async def scenario() -> None:
+        async with serving(echo, max_connections=2) as server:
+            kept = [await connect(server) for _ in range(2)]
+            for reader, writer in kept:  # both are in: each has been answered
+                writer.write(request_bytes(body=b"in"))
+                assert (await read_response(reader)).body == b"in"
+            reader, writer = await connect(server)
+            refused = await read_response(reader)
+            assert refused.status == 503 and refused.headers["connection"] == "close"
+            await assert_closed(reader)
+            writer.close()
+            kept_reader, kept_writer = kept[0]
+            kept_writer.write(request_bytes(body=b"still"))
+            assert (await read_response(kept_reader)).body == b"still"
+            kept[1][1].close()
+            await wait_for_condition(lambda: server.active_connections() == 1)
+            reader, writer = await connect(server)
+            writer.write(request_bytes(body=b"room again"))
+            assert (await read_response(reader)).body == b"room again"
+            writer.close()
+            kept_writer.close()
+
+    run(scenario())
+
+
+def test_a_pipelining_client_that_never_reads_holds_a_bounded_write_buffer(
+    run: Runner
+) -> None:
+    answer = b"r" * 65536
+    served = 0
+
+    async def app(exchange: HttpExchange) -> None:
+        nonlocal served
+        served += 1
+        exchange.respond(200, [], answer)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        async with serving(app) as server:
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                await loop.sock_connect(sock, ("127.0.0.1", server.port))
+                await wait_for_condition(lambda: server.active_connections() == 1)
+                (conn,) = server._connections.members
+                conn.transport.get_extra_info("socket").setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+                # 20,000 requests: 1.3 GiB of answers if the server kept producing them.
+                await send_what_is_taken(sock, request_bytes() * 20000, seconds=1.0)
+                await wait_for_condition(lambda: conn.reading_paused)
+                assert conn.transport.get_write_buffer_size() <= 3 * len(answer)
+                assert conn.pipelined <= 32 + 4096 // len(request_bytes()) + 1
+                other_reader, other_writer = await connect(server)
+                other_writer.write(request_bytes(body=b"x"))
+                assert (await read_response(other_reader)).status == 200
+                other_writer.close()
+        assert served < 16
+
+    run(scenario())
+
+
+async def send_what_is_taken(sock: socket.socket, data: bytes, seconds: float) -> int:
+    """Write ``data`` for up to ``seconds``, as far as the peer keeps reading; bytes taken."""
+    loop = asyncio.get_running_loop()
+    sent = 0
+    deadline = loop.time() + seconds
+    while sent < len(data) and loop.time() < deadline:
+        try:
+            sent += sock.send(data[sent:sent + 65536])
+        except BlockingIOError:
+            await asyncio.sleep(0.01)  # the peer stopped reading: look again shortly
+    return sent
+
+
+def test_a_body_sent_a_byte_at_a_time_gets_408_within_its_bounds(run: Runner) -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        async with serving(echo, min_body_rate=200.0, body_rate_grace_s=0.3) as server:
+            reader, writer = await connect(server)
+            writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+            started = loop.time()
+            answer = asyncio.ensure_future(read_response(reader))
+            while not answer.done() and loop.time() - started < BOUND_S:
+                writer.write(b"x")
+                await asyncio.wait([answer], timeout=0.05)
+            assert_json_error(await answer, 408, "slower than 200 bytes/s")
+            assert loop.time() - started < 3.0
+            await assert_closed(reader)
+            writer.close()
+
+    run(scenario())
