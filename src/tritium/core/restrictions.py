@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hmac
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,13 +41,18 @@ class Restriction:
     key: str
     value: str
     lookup: str = field(init=False, repr=False, compare=False)
+    _expected: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lookup", self.key.lower())
+        object.__setattr__(self, "_expected", _bytes(self.value))
 
     def allows(self, headers: Mapping[str, str], prefix: str = "") -> bool:
         """Whether ``headers`` (names in lower case) carry the expected value exactly."""
-        return headers.get(prefix + self.lookup) == self.value
+        given = headers.get(prefix + self.lookup)
+        # The value is a shared secret: compare in constant time, so response timing does
+        # not reveal how much of a guess was right.
+        return given is not None and hmac.compare_digest(_bytes(given), self._expected)
 
 
 def parse_restriction(spec: str, feature: str = "api") -> tuple[Restriction, ...]:
@@ -80,6 +86,11 @@ def parse_restrictions(specs: Iterable[str], feature: str = "api") -> tuple[Rest
 
 def by_group(restrictions: Iterable[Restriction]) -> dict[ApiGroup, Restriction]:
     return {restriction.group: restriction for restriction in restrictions}
+
+
+def _bytes(text: str) -> bytes:
+    # surrogatepass: a command-line argument that is not UTF-8 arrives holding surrogates.
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _group(name: str, feature: str) -> ApiGroup:
