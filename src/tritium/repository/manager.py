@@ -31,6 +31,7 @@ from tritium.repository.config import (
     read_model_config,
 )
 from tritium.repository.loaded import BackendFactory, LoadedModel
+from tritium.repository.locks import NameLocks
 from tritium.repository.overrides import LoadOverrides, OverrideDir, parse_overrides
 from tritium.repository.poll import fingerprint
 
@@ -97,7 +98,7 @@ class ModelManager:
         # How long an unloaded (or replaced) version's requests may run before UNLOADED.
         self.unload_timeout_s = unload_timeout_s
         self.models: dict[str, ModelEntry] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = NameLocks()
         # Tasks draining and stopping versions taken out of service; shutdown awaits them.
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -128,7 +129,7 @@ class ModelManager:
         check_model_name(name)
         # Decoding megabytes of base64 and JSON is kept off the loop.
         overrides = await asyncio.to_thread(parse_overrides, name, parameters)
-        async with self._lock(name):
+        async with self._locks.hold(name):
             holder = await self._write_overrides(name, overrides)
             model_dir = holder.model_dir if holder is not None else self._repository_dir(name)
             try:
@@ -141,7 +142,7 @@ class ModelManager:
         """Take ``name`` out of service at once; its admitted requests drain meanwhile."""
         self._check_explicit()
         check_model_name(name)
-        async with self._lock(name):
+        async with self._locks.hold(name):
             self._retire_entry(name)
 
     async def sync_with_repository(self) -> None:
@@ -150,14 +151,14 @@ class ModelManager:
         for name in sorted(self.models.keys() - found.keys()):
             if self._serving(name):
                 log.info("model '%s' was removed from the repository: unloading", name)
-                async with self._lock(name):
+                async with self._locks.hold(name):
                     self._retire_entry(name)
         for name, model_dir in sorted(found.items()):
             entry = self.models.get(name)
             if entry is not None and entry.fingerprint == fingerprint(model_dir):
                 continue
             log.info("model '%s' %s: loading", name, "is new" if entry is None else "changed")
-            async with self._lock(name):
+            async with self._locks.hold(name):
                 await self._install(name, model_dir)
         for name, reason in broken.items():
             if not self._serving(name):
@@ -170,9 +171,6 @@ class ModelManager:
                 "explicit model load / unload is not allowed unless the server runs with "
                 "--model-control-mode=explicit",
             )
-
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
 
     def _serving(self, name: str) -> bool:
         entry = self.models.get(name)
