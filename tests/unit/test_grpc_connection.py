@@ -663,3 +663,29 @@ def test_hpack_garbage_is_compression_error() -> None:
         assert peer.terminated.error_code == H2Error.COMPRESSION_ERROR
         assert peer.output.closed
     run(body())
+
+
+def test_go_away_lets_calls_finish_then_closes() -> None:
+    async def body() -> None:
+        service = Service()
+        peer = Peer(service)
+        stream_id = peer.start("/t.S/Stream", end=False)
+        call = await service.next_call()
+        peer.conn.go_away()
+        peer.collect()
+        assert peer.terminated is not None and peer.terminated.error_code == H2Error.NO_ERROR
+        assert not peer.output.closed
+        writes = len(peer.output.writes)
+        # h2 sends nothing more after a GOAWAY, and reads nothing: raw bytes both ways.
+        peer.conn.receive(frame(FrameType.DATA, END_STREAM, stream_id))
+        await finished(call)
+        assert peer.output.closed
+        reader = FrameReader(1 << 20, 1 << 16)
+        sent = reader.feed(PREFACE + b"".join(peer.output.writes[writes:]))
+        assert [(f.kind, f.stream_id, f.flags & END_STREAM) for f in sent] == \
+            [(FrameType.HEADERS, stream_id, END_STREAM)]
+        assert call.cancellation.reason is None
+        assert forgotten(peer)
+    run(body())
+
+

@@ -27,7 +27,7 @@ from tritium.frontends.grpc.call_state import (
 )
 from tritium.frontends.grpc.control import Control
 from tritium.frontends.grpc.flood import FloodGuard
-from tritium.frontends.grpc.frames import Frame, FrameReader, NotHttp2
+from tritium.frontends.grpc.frames import Frame, FrameReader, NotHttp2, http1_refusal
 from tritium.frontends.grpc.headers import HeaderDecoder
 from tritium.frontends.grpc.http2 import (
     END_HEADERS,
@@ -47,7 +47,6 @@ from tritium.frontends.grpc.status import GrpcStatus
 from tritium.frontends.grpc.windows import ByteBudget
 from tritium.frontends.grpc.wire import (
     ENCODINGS,
-    OK_TRAILERS,
     parse_timeout,
     trailers_block,
 )
@@ -83,6 +82,7 @@ class GrpcConnection:
         self._reading = False
         self.closed = False
         self._going_away = False
+        self._close_after_flush = False  # a drain is over: close once the last bytes are out
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
         self._handlers: dict[int, Callable[[Frame], None]] = {
@@ -145,6 +145,9 @@ class GrpcConnection:
         if out and not self.closed:
             self._output.write(out)
         self.outbox.out = []
+        if self._close_after_flush and not self.closed:
+            self.closed = True
+            self._output.close()
 
     def flush_soon(self) -> None:
         """Write now unless a read is being handled (that one flushes when it is done)."""
@@ -165,10 +168,7 @@ class GrpcConnection:
         is still queued; a handler's late answer after this is dropped."""
         if call.state in DECIDED:
             return
-        if status == GrpcStatus.OK and not message and call.headers_sent:
-            trailers = OK_TRAILERS
-        else:
-            trailers = trailers_block(status, message, call.headers_sent)
+        trailers = trailers_block(status, message, call.headers_sent)
         self._move(call, CallEvent.END, reason=reason, trailers=trailers)
         self.flush_soon()
 
@@ -214,7 +214,8 @@ class GrpcConnection:
         if not self.calls:
             self.idle_since = self._loop.time()
             if self._going_away:
-                self._output.close()
+                self._close_after_flush = True
+                self.flush_soon()
 
     def _flushed(self, call: Call) -> None:
         self._move(call, CallEvent.FLUSHED)
@@ -370,9 +371,8 @@ class GrpcConnection:
             return
         self._going_away = True
         self.outbox.out.append(goaway(self._last_stream, H2Error.NO_ERROR))
+        self._close_after_flush = not self.calls
         self.flush_soon()
-        if not self.calls:
-            self._output.close()
 
     def shut_down(self, status: GrpcStatus, message: str) -> None:
         """End every call still running with ``status`` and close."""
@@ -389,11 +389,8 @@ class GrpcConnection:
         self._output.close()
 
     def _reject_non_http2(self, start: bytes) -> None:
-        if start[:4] in (b"GET ", b"POST", b"PUT ", b"HEAD"):
-            body = b"this port speaks gRPC (HTTP/2 with prior knowledge)\n"
-            self._output.write([
-                b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body])
+        answer = http1_refusal(start)
+        if answer:
+            self._output.write([answer])
         self.closed = True
         self._output.close()
-

@@ -32,6 +32,16 @@ class NotHttp2(Exception):
         self.start = start
 
 
+def http1_refusal(start: bytes) -> bytes:
+    """What an HTTP/1.1 client that came to this port by mistake reads (nothing for other
+    garbage): a plain 400, not HTTP/2 frames."""
+    if start[:4] not in (b"GET ", b"POST", b"PUT ", b"HEAD"):
+        return b""
+    body = b"this port speaks gRPC (HTTP/2 with prior knowledge)\n"
+    return (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
 class Frame:
     """One frame; ``payload`` is a view of the bytes read (never copied for DATA)."""
 

@@ -38,6 +38,8 @@ _MAX_STATUS_MESSAGE = 4096
 
 def trailers_block(status: int, message: str, headers_sent: bool) -> bytes:
     """The block that ends a call (with the response headers when none were sent)."""
+    if status == 0 and not message and headers_sent:
+        return OK_TRAILERS  # the usual end, encoded once
     fields = [(b"grpc-status", str(int(status)).encode())]
     if message:
         fields.append((b"grpc-message", encode_status_message(message[:_MAX_STATUS_MESSAGE])))
