@@ -256,6 +256,8 @@ class ModelManager:
 
     def _prepare_config(self, model_dir: Path, overrides: LoadOverrides | None
                         ) -> PreparedConfig:
+        # Names from the repository's directories too: the python backend's rule holds.
+        check_model_name(model_dir.name)
         if overrides is not None and overrides.config is not None:
             return PreparedConfig(prepare_model_config(model_dir, overrides.config))
         return read_model_config(model_dir, self.auto_complete is not None)
