@@ -321,6 +321,20 @@ def test_byte_budget_withholds_credit(server: TritiumProcess) -> None:
     assert_still_serving(server)
 
 
+def test_budget_bounds_bytes_held_over_all_connections(server: TritiumProcess) -> None:
+    # Each peer sends every byte it is granted, as whole messages of unary calls it never
+    # half-closes: the server holds them all, and --grpc-max-buffered-bytes says how many.
+    before = rss_bytes(server.pid)
+    with contextlib.ExitStack() as stack:
+        for _ in range(4):
+            credit = Credit(stack.enter_context(connected(server)))
+            credit.barrier()
+            spend_everything(credit, iter(range(1, 41, 2)))
+        grown = rss_bytes(server.pid) - before
+        assert_bystander_served(server)
+    assert grown < 2 * BUDGET + 32 * MIB, f"the server holds {grown / MIB:.0f} MiB more"
+
+
 # ===================================================================== floods
 
 
