@@ -148,10 +148,12 @@ async def start_grpc_server(routes: Router, address: str, port: int, *,
     ``ssl_context`` is given)."""
     endpoint = GrpcEndpoint(routes, limits or GrpcLimits())
     loop = asyncio.get_running_loop()
+    # A TLS handshake is part of the preface: it gets the same time, not asyncio's 60 s.
+    handshake = endpoint.limits.preface_timeout_s if ssl_context is not None else None
     try:
         server = await loop.create_server(
             lambda: GrpcProtocol(endpoint), address, port, backlog=1024,
-            reuse_address=True, ssl=ssl_context)
+            reuse_address=True, ssl=ssl_context, ssl_handshake_timeout=handshake)
     except OSError as exc:
         raise OSError(f"gRPC endpoint cannot bind {address}:{port}: {exc.strerror}") from None
     return GrpcServer(server, endpoint)
