@@ -243,9 +243,12 @@ class HttpConnection(RequestReader):
         if self._lost:
             return
         pacing = self.pacing
-        if pacing.lingered_out(now) or (
-                self._writable is not None
-                and pacing.send_stalled(now, self.transport.get_write_buffer_size())):
+        if self._writable is not None and pacing.send_stalled(
+                now, self.transport.get_write_buffer_size()):
+            logger.info("closing an HTTP connection whose peer has not read its response for "
+                        "%g s (--http-send-timeout-secs)", self._limits.send_timeout_s)
+            self.transport.abort()
+        elif pacing.lingered_out(now):
             self.transport.abort()
         elif not (self._discard_input or self._reading_paused or self._busy()):
             self._check_peer(now)

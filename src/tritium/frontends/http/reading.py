@@ -89,6 +89,9 @@ class RequestReader(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._discard_input:
             return
+        if self._unparsed:  # bytes still wait for the pipeline: these come after them
+            self._unparsed += data
+            return
         if len(data) <= _SLICE or (self._phase is Phase.BODY
                                    and self._content_length - self._body_size >= len(data)):
             self._feed(data)  # one small read, or nothing but body: it cannot overfill
