@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
@@ -35,7 +34,6 @@ log = logging.getLogger("tritium.server")
 
 # After the exit timeout: time for cancelled requests' errors to reach their clients.
 CLOSE_GRACE_S = 2.0
-HTTP_IDLE_CHECK_S = 0.05
 EXIT_IMMEDIATELY = 130
 
 
@@ -262,19 +260,13 @@ async def _close_http(http: HttpServer | None, close_by: float) -> None:
     """Stop listening and close each connection once it has no exchange in progress."""
     if http is None:
         return
-    loop = asyncio.get_running_loop()
     http.close()
-    while http.active_connections():
-        # A keep-alive connection turns idle without an event we could await: look again
-        # shortly (this runs only during shutdown).
-        http.close_idle_connections()
-        remaining = close_by - loop.time()
-        if remaining <= 0:
-            log.warning("closing %d HTTP connection(s) still busy", http.active_connections())
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(min(remaining, HTTP_IDLE_CHECK_S)):
-                await http.wait_closed()
+    http.close_when_idle()
+    try:
+        async with asyncio.timeout_at(close_by):
+            await http.wait_closed()
+    except TimeoutError:
+        log.warning("closing %d HTTP connection(s) still busy", http.active_connections())
 
 
 async def _close_grpc(grpc: GrpcServer | None, grace_s: float) -> None:

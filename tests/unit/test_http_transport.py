@@ -1072,3 +1072,35 @@ def test_a_body_sent_a_byte_at_a_time_gets_408_within_its_bounds(run: Runner) ->
             writer.close()
 
     run(scenario())
+
+
+def test_close_when_idle_closes_each_connection_once_its_work_is_done(run: Runner) -> None:
+    gate = asyncio.Event()
+    started = asyncio.Event()
+
+    async def app(exchange: HttpExchange) -> None:
+        if exchange.request.path == "/slow":
+            started.set()
+            await gate.wait()
+        await echo(exchange)
+
+    async def scenario() -> None:
+        async with serving(app) as server:
+            idle_reader, idle_writer = await connect(server)
+            idle_writer.write(request_bytes(body=b"idle"))
+            assert (await read_response(idle_reader)).body == b"idle"
+            busy_reader, busy_writer = await connect(server)
+            busy_writer.write(request_bytes("/slow", b"busy") + request_bytes(body=b"queued"))
+            await bounded(started.wait())
+            server.close()
+            server.close_when_idle()
+            await assert_closed(idle_reader)
+            gate.set()
+            assert (await read_response(busy_reader)).body == b"busy"
+            assert (await read_response(busy_reader)).body == b"queued"  # it had it already
+            await assert_closed(busy_reader)
+            await bounded(server.wait_closed())
+            idle_writer.close()
+            busy_writer.close()
+
+    run(scenario())

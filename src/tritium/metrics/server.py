@@ -68,7 +68,7 @@ class MetricsServer:
         if server is None:
             return
         server.close()
-        server.close_idle_connections()
+        server.close_when_idle()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CLOSE_WAIT_S):
                 await server.wait_closed()

@@ -150,9 +150,15 @@ class HttpConnection(RequestReader):
                     self._abort(exchange, "the server did not produce a response")
             self._current = None
             if not queue:
-                self.pacing.waiting_since = self._connections.now
-                if self._continue_wanted:
-                    self._send_continue()
+                self._went_idle()
+
+    def _went_idle(self) -> None:
+        """The last exchange is answered and none waits: the peer's clock runs again."""
+        self.pacing.waiting_since = self._connections.now
+        if self._continue_wanted:
+            self._send_continue()
+        if self._connections.draining:
+            self.close_if_idle()
 
     def _pipeline_drained(self) -> None:
         self._resume_parsing()

@@ -30,6 +30,7 @@ class OpenConnections:
         self.now = asyncio.get_running_loop().time()
         self._name = name
         self._refusing = False
+        self.draining = False  # each connection closes once it has nothing in progress
 
     def full(self) -> bool:
         """At the cap: log the first refusal of a run of them."""
@@ -93,6 +94,12 @@ class HttpServer:
         """Close connections with no request in progress, queued or partly received."""
         for conn in self._connections.members:
             conn.close_if_idle()
+
+    def close_when_idle(self) -> None:
+        """Close every connection once it has no request in progress: the idle ones now,
+        each busy one as soon as it finishes what it has (for a shutdown)."""
+        self._connections.draining = True
+        self.close_idle_connections()
 
     def active_connections(self) -> int:
         """Open connections, plus closed ones whose app call has not returned yet."""
