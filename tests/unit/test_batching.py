@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from tritium.core.cancellation import Cancellation, CancelReason
-from tritium.core.request import InferenceRequest
+from tests.unit.admitted import admit
+from tritium.core.cancellation import CancelReason
+from tritium.core.request import AdmittedRequest, InferenceRequest
 from tritium.scheduling.batcher import Batcher, BatchPlan
 from tritium.scheduling.clock import ManualClock
 from tritium.scheduling.policy import SchedulerPolicy
@@ -14,29 +13,22 @@ from tritium.scheduling.scheduler import ModelScheduler
 MS = 1_000_000
 T0 = 1_000 * MS
 
-# The scheduler registers no callbacks, so a loop that never runs can own the cancellations.
-LOOP = asyncio.new_event_loop()
-LOOP.close()
-
 
 
 class FakeInstance:
     def __init__(self, name: str = "i0"):
         self.name = name
-        self.batches: list[list[InferenceRequest]] = []
+        self.batches: list[list[AdmittedRequest]] = []
 
-    def submit(self, batch: list[InferenceRequest]) -> None:
+    def submit(self, batch: list[AdmittedRequest]) -> None:
         self.batches.append(batch)
 
     def ids(self) -> list[list[str]]:
-        return [[r.id for r in batch] for batch in self.batches]
+        return [[r.request.id for r in batch] for batch in self.batches]
 
 
-def request(name: str, batch: int = 1, arrival_ns: int = T0) -> InferenceRequest:
-    r = InferenceRequest(model_name="m", inputs={}, id=name, arrival_ns=arrival_ns)
-    r.cancellation = Cancellation(LOOP)
-    r.batch_size = batch
-    return r
+def request(name: str, batch: int = 1, arrival_ns: int = T0) -> AdmittedRequest:
+    return admit(InferenceRequest(model_name="m", inputs={}, id=name), batch, arrival_ns)
 
 
 def policy(max_batch: int = 8, delay_us: int = 0, preferred: tuple[int, ...] = ()

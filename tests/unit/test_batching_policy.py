@@ -9,7 +9,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tritium.core.request import InferenceRequest
+from tests.unit.admitted import admit
+from tritium.core.request import AdmittedRequest, InferenceRequest
 from tritium.repository.config import ConfigError, complete_model_config
 from tritium.repository.loaded import LoadedModel
 from tritium.scheduling.policy import (
@@ -104,8 +105,8 @@ def test_gpu_instance_group_is_a_load_error_without_a_gpu(tmp_path: Path) -> Non
         completed(tmp_path, 'instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]\n')
 
 
-def request(name: str, priority: int = 0) -> InferenceRequest:
-    return InferenceRequest(model_name="m", inputs={}, id=name, priority=priority)
+def request(name: str, priority: int = 0) -> AdmittedRequest:
+    return admit(InferenceRequest(model_name="m", inputs={}, id=name, priority=priority))
 
 
 def test_delayed_request_goes_after_its_level_but_before_lower_levels() -> None:
@@ -114,9 +115,9 @@ def test_delayed_request_goes_after_its_level_but_before_lower_levels() -> None:
     for r in (a, b, low, c):
         queue.push(r)
     assert queue.delay(a) and not queue.delay(a)
-    assert [r.id for r in queue] == ["b", "c", "a", "low"]
+    assert [r.request.id for r in queue] == ["b", "c", "a", "low"]
     assert len(queue) == 4 and queue.level_size(0) == 3
-    assert [r.id for r in queue.drain()] == ["b", "c", "a", "low"]
+    assert [r.request.id for r in queue.drain()] == ["b", "c", "a", "low"]
     assert queue.pop() is None
 
 
@@ -128,5 +129,5 @@ def test_discarding_a_delayed_request_removes_it_once() -> None:
     queue.delay(a)
     assert queue.discard(a) and not queue.discard(a)
     assert len(queue) == 1
-    assert [r.id for r in queue.drain()] == ["b"]
+    assert [r.request.id for r in queue.drain()] == ["b"]
     assert not queue._moved  # nothing left behind once the queue has passed over it

@@ -15,7 +15,7 @@ import pytest
 from tritium.core.cancellation import Cancellation
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import ModelState
-from tritium.core.request import InferenceRequest
+from tritium.core.request import AdmittedRequest, InferenceRequest
 from tritium.core.response import InferenceResponse
 from tritium.core.service import InferenceService
 from tritium.core.types import DataType, Tensor
@@ -39,12 +39,11 @@ class FakeBackend:
         self.info = info
         self.finalized = finalized
 
-    def execute(self, requests: list[InferenceRequest]) -> None:
+    def execute(self, requests: list[AdmittedRequest]) -> None:
         for request in requests:
-            value = request.inputs["INPUT0"].data
+            value = request.request.inputs["INPUT0"].data
             if value[0] < 0:
                 continue
-            assert request.stream is not None
             request.stream.send_nowait(InferenceResponse(outputs=[
                 Tensor("OUTPUT0", DataType.FP32, (1,), value)]))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
@@ -11,9 +10,10 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 import triton_python_backend_utils as pb_utils
+from tests.unit.admitted import admit
 from tritium.backends.python.request import ReceivedRequest, RequestContext
 from tritium.backends.python.response import to_core
-from tritium.core.cancellation import Cancellation, CancelReason
+from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest as CoreRequest
 from tritium.core.types import DataType
@@ -113,16 +113,11 @@ def test_core_deadline_maps_to_unavailable() -> None:
 
 # -- received requests -----------------------------------------------------------------
 
-# Nothing here registers a callback, so a loop that never runs can own the cancellations.
-LOOP = asyncio.new_event_loop()
-LOOP.close()
-
 
 def received(names: list[str] | None = None) -> ReceivedRequest:
     data = np.arange(3, dtype=np.int64)
     core = CoreRequest("m", {"IN": CoreTensor("IN", DataType.INT64, (3,), data)})
-    core.cancellation = Cancellation(LOOP)
-    return ReceivedRequest(core, RequestContext(names or ["B", "A"], decoupled=False))
+    return ReceivedRequest(admit(core), RequestContext(names or ["B", "A"], decoupled=False))
 
 
 def test_get_input_tensor_by_name() -> None:
@@ -141,7 +136,7 @@ def test_is_cancelled_reads_the_core_flag() -> None:
     request = received()
     sender = request.get_response_sender()
     assert not request.is_cancelled() and not sender.is_cancelled()
-    request._core.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+    request._admitted.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
     assert request.is_cancelled() and sender.is_cancelled()
 
 

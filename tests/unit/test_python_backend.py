@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2
 from tritium.backends.python import PythonBackend, auto_complete_config, create_python_backend
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import InferenceRequest, RequestedOutput
+from tritium.core.request import AdmittedRequest, InferenceRequest, RequestedOutput
 from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.types import DataType, Tensor
 from tritium.execution.backend import InstanceInfo
@@ -104,13 +104,17 @@ async def collect(stream: ResponseStream) -> list[InferenceResponse]:
         return [response async for response in stream]
 
 
-async def start(backend: PythonBackend, requests: list[InferenceRequest]) -> None:
-    """Give each request a stream and cancellation on this loop, and run execute the way
-    an instance does: on another thread, an async execute on that thread's own loop."""
+def admit_all(requests: list[InferenceRequest]) -> list[AdmittedRequest]:
+    """Give each request a stream and cancellation on the running loop. The stream does
+    not follow the cancellation: the model's own reaction to a cancel reaches the test."""
     loop = asyncio.get_running_loop()
-    for request in requests:
-        request.stream = ResponseStream(loop)
-        request.cancellation = Cancellation(loop)
+    return [AdmittedRequest(r, Cancellation(loop), ResponseStream(loop)) for r in requests]
+
+
+async def start(backend: PythonBackend, requests: list[AdmittedRequest]) -> None:
+    """Run execute the way an instance does: on another thread, an async execute on
+    that thread's own loop."""
+    loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(None, backend.execute, requests)
     if result is not None:
         await loop.run_in_executor(None, _run_on_own_loop, result)
@@ -125,8 +129,9 @@ def _run_on_own_loop(awaitable: Awaitable[None]) -> None:
 
 def run_batch(backend: PythonBackend, requests: list[InferenceRequest]) -> list[list[Any]]:
     async def main() -> list[list[Any]]:
-        await start(backend, requests)
-        return [await collect(request.stream) for request in requests]  # type: ignore[arg-type]
+        admitted = admit_all(requests)
+        await start(backend, admitted)
+        return [await collect(request.stream) for request in admitted]
 
     return asyncio.run(main())
 
@@ -449,11 +454,9 @@ class TritonPythonModel:
 
 def test_is_cancelled_follows_core_cancellation(tmp_path: Path) -> None:
     backend = make_backend(write_model(tmp_path, "cancel", CANCEL_AWARE_MODEL, DECOUPLED_CONFIG))
-    request = fp32_request([1.0])
-
     async def main() -> list[InferenceResponse]:
+        [request] = admit_all([fp32_request([1.0])])
         await start(backend, [request])
-        assert request.stream is not None
         async with asyncio.timeout(WAIT_S):
             first = await request.stream.receive()
         assert not first.final

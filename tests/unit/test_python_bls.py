@@ -12,6 +12,7 @@ import numpy as np
 
 from tests.unit.test_python_backend import (
     WAIT_S,
+    admit_all,
     collect,
     fp32_request,
     make_backend,
@@ -21,7 +22,7 @@ from tests.unit.test_python_backend import (
 )
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import InferenceRequest
+from tritium.core.request import AdmittedRequest, InferenceRequest
 from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.types import Tensor
 
@@ -80,21 +81,21 @@ class FakeService:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.children: list[InferenceRequest] = []
+        self.children: list[AdmittedRequest] = []
+        self.parents: list[AdmittedRequest] = []  # the requests the parent model executes
         self.submitted = asyncio.Event()
 
     def model(self, name: str, version: int | None = None) -> Any:
         return SimpleNamespace(decoupled=name.startswith("decoupled"))
 
     def submit(self, request: InferenceRequest, cancellation: Cancellation,
-               allow_decoupled: bool = True) -> ResponseStream:
+               allow_decoupled: bool = True, internal: bool = False) -> ResponseStream:
+        assert internal, "a BLS child is still admitted while the server drains"
         if request.model_name == "missing":
             raise TritiumError(ErrorCode.NOT_FOUND, "Request for unknown model: 'missing'")
         assert cancellation.loop is self.loop
         stream = ResponseStream(self.loop)
-        request.stream = stream
-        request.cancellation = cancellation
-        self.children.append(request)
+        self.children.append(AdmittedRequest(request, cancellation, stream))
         self.submitted.set()
 
         def on_cancel(cancellation: Cancellation) -> None:
@@ -127,8 +128,9 @@ def run_parent(tmp_path: Path, source: str, request: InferenceRequest) -> tuple[
     async def main() -> tuple[Any, Any]:
         service = FakeService(asyncio.get_running_loop())
         backend = make_backend(write_model(tmp_path, "parent", source), service)
-        await start(backend, [request])
-        return backend, (service, await collect(request.stream))  # type: ignore[arg-type]
+        service.parents = admit_all([request])
+        await start(backend, service.parents)
+        return backend, (service, await collect(service.parents[0].stream))
 
     return asyncio.run(main())
 
@@ -138,12 +140,13 @@ def test_exec_runs_child_through_service(tmp_path: Path) -> None:
     _, (service, responses) = run_parent(tmp_path, PARENT_MODEL, request)
     assert responses[0].error is None
     np.testing.assert_array_equal(responses[0].outputs[0].data, [1.0, 2.0])
-    [child] = service.children
+    [admitted] = service.children
+    child = admitted.request
     assert child.model_name == "echo" and child.model_version is None
     assert child.requested_output_names() == ["OUT"]
     assert (child.timeout_us, child.parameters) == (250, {"from": "parent"})
     assert child.inputs["INPUT0"].data is request.inputs["INPUT0"].data, "no copy"
-    assert child.cancellation is not request.cancellation
+    assert admitted.cancellation is not service.parents[0].cancellation
 
 
 def test_exec_error_comes_back_in_the_response(tmp_path: Path) -> None:
@@ -179,14 +182,15 @@ def test_parent_cancel_reaches_blocked_child(tmp_path: Path) -> None:
     async def main() -> list[InferenceResponse]:
         service = FakeService(asyncio.get_running_loop())
         backend = make_backend(write_model(tmp_path, "parent", PARENT_MODEL), service)
-        running = asyncio.ensure_future(start(backend, [request]))
+        [parent] = admit_all([request])
+        running = asyncio.ensure_future(start(backend, [parent]))
         async with asyncio.timeout(WAIT_S):
             await service.submitted.wait()
-        request.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+        parent.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
         async with asyncio.timeout(WAIT_S):
             await running
         assert service.children[0].cancellation.reason is CancelReason.PARENT_CANCELLED
-        return await collect(request.stream)  # type: ignore[arg-type]
+        return await collect(parent.stream)
 
     responses = asyncio.run(main())
     error = single_error(responses)
@@ -197,7 +201,7 @@ def test_async_exec_from_async_execute(tmp_path: Path) -> None:
     _, (service, responses) = run_parent(tmp_path, ASYNC_PARENT_MODEL, fp32_request([1.0, 2.0]))
     np.testing.assert_array_equal(responses[0].outputs[0].data, [2.0, 4.0])
     assert len(service.children) == 2
-    assert all(child.requested_outputs is None for child in service.children)
+    assert all(child.request.requested_outputs is None for child in service.children)
 
 
 def on_a_loop(scenario: Callable[[asyncio.AbstractEventLoop], None]) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from tritium.core.request import InferenceRequest, RequestStage
+from tests.unit.admitted import admit
+from tritium.core.request import AdmittedRequest, InferenceRequest, RequestStage
 from tritium.scheduling.queue import RequestQueue
 
 
-def request(name: str, priority: int = 0) -> InferenceRequest:
-    return InferenceRequest(model_name="m", inputs={}, id=name, priority=priority)
+def request(name: str, priority: int = 0) -> AdmittedRequest:
+    return admit(InferenceRequest(model_name="m", inputs={}, id=name, priority=priority))
 
 
 def test_fifo_within_a_level() -> None:
@@ -25,7 +26,7 @@ def test_higher_priority_first_and_default_level() -> None:
     low, default, high = request("low", 3), request("default", 0), request("high", 1)
     for r in (low, default, high):
         queue.push(r)
-    assert [r.id for r in queue.drain()] == ["high", "default", "low"]
+    assert [r.request.id for r in queue.drain()] == ["high", "default", "low"]
 
 
 def test_out_of_range_priority_uses_default_level() -> None:
@@ -33,7 +34,7 @@ def test_out_of_range_priority_uses_default_level() -> None:
     first, odd = request("first", 2), request("odd", 9)
     queue.push(first)
     queue.push(odd)
-    assert [r.id for r in queue.drain()] == ["first", "odd"]
+    assert [r.request.id for r in queue.drain()] == ["first", "odd"]
 
 
 def test_discarded_request_is_skipped_and_not_counted() -> None:
@@ -51,6 +52,8 @@ def test_discarded_request_is_skipped_and_not_counted() -> None:
 def test_discard_of_a_request_not_queued_is_refused() -> None:
     queue = RequestQueue()
     r = request("x")
-    r.stage = RequestStage.EXECUTING
+    queue.push(r)
+    assert queue.pop() is r
+    r.move_to(RequestStage.EXECUTING)
     assert not queue.discard(r)
     assert r.stage is RequestStage.EXECUTING

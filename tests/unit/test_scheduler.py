@@ -2,47 +2,38 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from tritium.core.cancellation import Cancellation, CancelReason
+from tests.unit.admitted import admit
+from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import InferenceRequest, RequestStage
+from tritium.core.request import AdmittedRequest, InferenceRequest, RequestStage
 from tritium.scheduling.clock import ManualClock
 from tritium.scheduling.policy import QueuePolicy, TimeoutAction, TimeoutOverride
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
 
 MS = 1_000_000
 
-# The scheduler registers no callbacks, so a loop that never runs can own the cancellations.
-LOOP = asyncio.new_event_loop()
-LOOP.close()
-
 
 
 class FakeInstance:
     def __init__(self, name: str):
         self.name = name
-        self.batches: list[list[InferenceRequest]] = []
+        self.batches: list[list[AdmittedRequest]] = []
 
-    def submit(self, batch: list[InferenceRequest]) -> None:
+    def submit(self, batch: list[AdmittedRequest]) -> None:
         self.batches.append(batch)
 
 
 def request(name: str, batch: int = 1, clock: ManualClock | None = None, priority: int = 0,
-            timeout_us: int = 0) -> InferenceRequest:
+            timeout_us: int = 0) -> AdmittedRequest:
     r = InferenceRequest(model_name="m", inputs={}, id=name, priority=priority,
                          timeout_us=timeout_us)
-    r.cancellation = Cancellation(LOOP)
-    r.batch_size = batch
-    if clock is not None:
-        r.arrival_ns = clock.now_ns()
-    return r
+    return admit(r, batch, None if clock is None else clock.now_ns())
 
 
 def ids(instance: FakeInstance) -> list[list[str]]:
-    return [[r.id for r in batch] for batch in instance.batches]
+    return [[r.request.id for r in batch] for batch in instance.batches]
 
 
 def test_one_request_per_execute_without_dynamic_batching() -> None:
@@ -67,9 +58,9 @@ def test_dynamic_batches_respect_max_batch_size() -> None:
         scheduler.enqueue(r)
     instance = FakeInstance("i0")
     scheduler.add_instances([instance])
-    assert [[r.id for r in batch] for batch in instance.batches] == [["a", "b"]]
+    assert [[r.request.id for r in batch] for batch in instance.batches] == [["a", "b"]]
     scheduler.batch_done(instance, instance.batches[0], 1000)
-    assert [r.id for r in instance.batches[1]] == ["c", "d"]
+    assert [r.request.id for r in instance.batches[1]] == ["c", "d"]
 
 
 def test_cancelled_queued_request_never_reaches_an_instance() -> None:
@@ -83,7 +74,7 @@ def test_cancelled_queued_request_never_reaches_an_instance() -> None:
     scheduler.request_cancelled(waiting)
     assert scheduler.stats.cancellations[("CLIENT_DISCONNECTED", "queued")] == 1
     scheduler.batch_done(instance, [running], 1000)
-    assert [batch[0].id for batch in instance.batches] == ["running", "after"]
+    assert [batch[0].request.id for batch in instance.batches] == ["running", "after"]
     assert scheduler.stats.pending == 0
 
 
@@ -152,7 +143,7 @@ def test_several_idle_instances_each_take_a_request() -> None:
     scheduler.add_instances(instances)
     for name in ("a", "b", "c", "d"):
         scheduler.enqueue(request(name))
-    assert sorted(batch[0].id for i in instances for batch in i.batches) == ["a", "b", "c"]
+    assert sorted(batch[0].request.id for i in instances for batch in i.batches) == ["a", "b", "c"]
     assert scheduler.stats.executing == 3 and scheduler.stats.pending == 1
 
 

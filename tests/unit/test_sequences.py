@@ -3,16 +3,22 @@ tensors, cancellation of a sequence's queued requests."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from tritium.core.cancellation import Cancellation, CancelReason
+from tests.unit.admitted import admit
+from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest, RequestStage
+from tritium.core.request import (
+    SEQUENCE_END,
+    SEQUENCE_START,
+    AdmittedRequest,
+    InferenceRequest,
+    RequestStage,
+)
 from tritium.core.types import DataType
 from tritium.scheduling.clock import ManualClock
 from tritium.scheduling.policy import (
@@ -26,22 +32,18 @@ from tritium.scheduling.sequences import SequenceScheduler
 MS = 1_000_000
 START, END = SEQUENCE_START, SEQUENCE_END
 
-# The scheduler registers no callbacks, so a loop that never runs can own the cancellations.
-LOOP = asyncio.new_event_loop()
-LOOP.close()
-
 
 
 class FakeInstance:
     def __init__(self, name: str):
         self.name = name
-        self.batches: list[list[InferenceRequest]] = []
+        self.batches: list[list[AdmittedRequest]] = []
 
-    def submit(self, batch: list[InferenceRequest]) -> None:
+    def submit(self, batch: list[AdmittedRequest]) -> None:
         self.batches.append(batch)
 
     def ids(self) -> list[str]:
-        return [r.id for batch in self.batches for r in batch]
+        return [r.request.id for batch in self.batches for r in batch]
 
 
 def make(instances: int = 2, idle_us: int = 1_000_000, max_batch_size: int = 0,
@@ -56,11 +58,10 @@ def make(instances: int = 2, idle_us: int = 1_000_000, max_batch_size: int = 0,
     return scheduler, pool, clock
 
 
-def request(name: str, correlation_id: int | str, flags: int = 0) -> InferenceRequest:
+def request(name: str, correlation_id: int | str, flags: int = 0) -> AdmittedRequest:
     r = InferenceRequest(model_name="acc", inputs={}, id=name,
                          correlation_id=correlation_id, flags=flags)
-    r.cancellation = Cancellation(LOOP)
-    return r
+    return admit(r)
 
 
 def finish(scheduler: SequenceScheduler, instance: FakeInstance) -> None:
@@ -68,7 +69,7 @@ def finish(scheduler: SequenceScheduler, instance: FakeInstance) -> None:
     scheduler.batch_done(instance, instance.batches[-1], 1000)
 
 
-def refused(scheduler: SequenceScheduler, r: InferenceRequest) -> str:
+def refused(scheduler: SequenceScheduler, r: AdmittedRequest) -> str:
     with pytest.raises(TritiumError) as caught:
         scheduler.enqueue(r)
     assert caught.value.code is ErrorCode.INVALID_ARG
@@ -197,13 +198,13 @@ def test_control_tensors_are_added(max_batch_size: int, shape: tuple[int, ...]) 
     scheduler.enqueue(first)
     scheduler.enqueue(last)
     seen = {}
-    for r in (first, last):
+    for r in (first.request, last.request):
         seen[r.id] = {name: t.data.reshape(-1)[0].item() for name, t in r.inputs.items()}
         assert {t.shape for t in r.inputs.values()} == {shape}
         assert {t.data.shape for t in r.inputs.values()} == {shape}
     assert seen["a1"] == {"START": 1, "END": 0.0, "READY": True, "CORRID": 42}
     assert seen["a2"] == {"START": 0, "END": 5.0, "READY": True, "CORRID": 42}
-    assert last.inputs["CORRID"].data.dtype == np.uint64
+    assert last.request.inputs["CORRID"].data.dtype == np.uint64
     assert i0.ids() == ["a1"]
 
 
@@ -212,7 +213,7 @@ def test_string_correlation_id_control() -> None:
     scheduler, _, _ = make(controls=(control,))
     r = request("a1", "user-7", START)
     scheduler.enqueue(r)
-    assert r.inputs["CORRID"].data.tolist() == [b"user-7"]
+    assert r.request.inputs["CORRID"].data.tolist() == [b"user-7"]
     numeric = SequenceControl("CORRID", ControlKind.CORRID, DataType.INT32)
     scheduler, _, _ = make(controls=(numeric,))
     assert "numeric correlation ID" in refused(scheduler, request("a1", "user-7", START))

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tritium.core.errors import TritiumError
-from tritium.core.request import InferenceRequest
-from tritium.core.response import ResponseStream
+from tritium.core.request import AdmittedRequest
+from tritium.core.response import ServedBy
 from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
 
@@ -63,16 +63,17 @@ class ModelHandle(Protocol):
     config: Any  # tritonclient's model_config_pb2.ModelConfig
     config_json: dict[str, Any]  # the same, in Triton's JSON form
     labels: dict[str, list[str]]  # an output's class labels, from its ``label_filename``
+    served_by: ServedBy  # what its responses carry
 
     def is_ready(self) -> bool: ...
 
-    def enqueue(self, request: InferenceRequest, stream: ResponseStream) -> None:
+    def enqueue(self, request: AdmittedRequest) -> None:
         """Admit a validated request; raises TritiumError when it cannot be admitted."""
 
-    def request_cancelled(self, request: InferenceRequest) -> None:
+    def request_cancelled(self, request: AdmittedRequest) -> None:
         """Called on the loop after ``request.cancellation`` fired."""
 
-    def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
+    def request_finished(self, request: AdmittedRequest, error: TritiumError | None) -> None:
         """Called on the loop once the request's final response was sent."""
 
     def statistics(self) -> ModelStatistics: ...

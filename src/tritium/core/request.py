@@ -1,10 +1,9 @@
-"""An inference request as the core sees it, whichever frontend (or BLS) built it."""
+"""An inference request as a frontend (or BLS) decoded it, and as the core admitted it."""
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +19,26 @@ SEQUENCE_END = 2
 
 
 class RequestStage(enum.Enum):
-    """Where a request is; a cancellation acts according to it."""
+    """Where an admitted request is; a cancellation acts according to it."""
 
     CREATED = "created"
     QUEUED = "queued"
     EXECUTING = "executing"
     DONE = "done"
+
+
+# Every legal move; anything else is a scheduling bug. DONE is final: a request that
+# left the queue cancelled or finished executing never runs again.
+_MOVES: dict[RequestStage, frozenset[RequestStage]] = {
+    RequestStage.CREATED: frozenset({RequestStage.QUEUED}),
+    RequestStage.QUEUED: frozenset({RequestStage.EXECUTING, RequestStage.DONE}),
+    RequestStage.EXECUTING: frozenset({RequestStage.DONE}),
+    RequestStage.DONE: frozenset(),
+}
+
+
+class StageError(RuntimeError):
+    """A request was moved between stages in a way the scheduler never does."""
 
 
 @dataclass(slots=True)
@@ -39,10 +52,12 @@ class RequestedOutput:
 
 @dataclass(slots=True, eq=False)
 class InferenceRequest:
+    """A request as a frontend (or BLS) decoded it; the core does not write to it, except
+    that validation may reshape its input tensors and sequence batching adds control inputs."""
+
     model_name: str
     inputs: dict[str, Tensor]
-    # None: the version policy picks; set to the version serving it once admitted.
-    model_version: int | None = None
+    model_version: int | None = None  # as asked for; None: the version policy picks
     id: str = ""
     requested_outputs: list[RequestedOutput] | None = None  # None: every output
     parameters: dict[str, ParamValue] = field(default_factory=dict)
@@ -50,19 +65,6 @@ class InferenceRequest:
     flags: int = 0
     priority: int = 0
     timeout_us: int = 0
-    # The caller's, attached by ``InferenceService.submit``.
-    cancellation: Cancellation = field(init=False, repr=False)
-    # Filled in by the core when the request is admitted.
-    batch_size: int = 1
-    batched: bool = False  # the model batches: the first dimension is the batch
-    # The serving model's class labels per output (``label_filename``), for classification.
-    labels: Mapping[str, Sequence[str]] | None = None
-    # Made by a model (BLS), not by a client: still admitted while the server drains.
-    internal: bool = False
-    stage: RequestStage = RequestStage.CREATED
-    # Where the model's responses go; set when the core admits the request.
-    stream: ResponseStream | None = None
-    arrival_ns: int = field(default_factory=time.monotonic_ns)
     # Opaque slot a frontend may use to keep its own per-request state.
     frontend_state: Any = None
 
@@ -74,3 +76,41 @@ class InferenceRequest:
     def describe(self) -> str:
         """How logs and error messages name this request."""
         return self.id or "<id_unknown>"
+
+
+class AdmittedRequest:
+    """A request the core admitted: what scheduling, execution and the model work on.
+
+    Made by ``InferenceService.submit``. ``stage`` changes only through ``move_to``.
+    """
+
+    __slots__ = ("_stage", "arrival_ns", "batch_size", "cancellation", "request", "stream")
+
+    def __init__(self, request: InferenceRequest, cancellation: Cancellation,
+                 stream: ResponseStream, batch_size: int = 1, arrival_ns: int | None = None):
+        self.request = request
+        self.cancellation = cancellation
+        # Where the model's responses go.
+        self.stream = stream
+        self.batch_size = batch_size  # the first dimension, when the model batches
+        self.arrival_ns = time.monotonic_ns() if arrival_ns is None else arrival_ns
+        self._stage = RequestStage.CREATED
+
+    @property
+    def stage(self) -> RequestStage:
+        return self._stage
+
+    def move_to(self, stage: RequestStage) -> None:
+        """The one place a stage changes; raises StageError for a move not in the table."""
+        if stage not in _MOVES[self._stage]:
+            raise StageError(
+                f"request {self.request.describe()} cannot move from {self._stage.value} "
+                f"to {stage.value}"
+            )
+        self._stage = stage
+
+    def describe(self) -> str:
+        return self.request.describe()
+
+    def __repr__(self) -> str:
+        return f"AdmittedRequest({self.request.describe()!r}, {self._stage.value})"

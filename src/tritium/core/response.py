@@ -11,13 +11,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tritium.core.cancellation import Cancellation
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.types import Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class ServedBy:
+    """The model version that answers a request: what an encoder echoes as the version
+    and classifies outputs with. One per loaded version, shared by its responses."""
+
+    model_name: str
+    version: int
+    batched: bool  # the model batches: an output's first dimension is the batch
+    labels: Mapping[str, Sequence[str]]  # an output's class labels (``label_filename``)
 
 
 @dataclass(slots=True)
@@ -28,6 +39,8 @@ class InferenceResponse:
     final: bool = True
     # True for a FINAL flag sent without a response (decoupled models).
     flag_only: bool = False
+    # Set as the response enters its request's stream.
+    served_by: ServedBy | None = None
 
     @classmethod
     def final_flag(cls) -> InferenceResponse:
@@ -87,6 +100,7 @@ class ResponseStream:
         "_done_receiving",
         "_items",
         "_loop",
+        "_served_by",
         "_waiter",
         "_wake_pending",
         "closed",
@@ -95,8 +109,10 @@ class ResponseStream:
         "on_late_final",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, cancellation: Cancellation | None = None):
+    def __init__(self, loop: asyncio.AbstractEventLoop, cancellation: Cancellation | None = None,
+                 served_by: ServedBy | None = None):
         self._loop = loop
+        self._served_by = served_by
         # Once it is set, what the model sends is dropped: the client hears the reason
         # (from ``close_with`` on the loop), not the model's reaction to it.
         self._cancellation = cancellation
@@ -138,6 +154,8 @@ class ResponseStream:
         return True
 
     def _deliver(self, response: InferenceResponse) -> None:
+        if self._served_by is not None:
+            response.served_by = self._served_by
         if response.final:
             self.closed = True
         if response.error is not None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.inflight import InFlight
 from tritium.core.logging_settings import LogSettings, LogValue, TraceSettings, TraceValue
 from tritium.core.model import (
     IndexEntry,
@@ -18,7 +19,7 @@ from tritium.core.model import (
     TensorMetadata,
 )
 from tritium.core.names import check_model_name
-from tritium.core.request import InferenceRequest
+from tritium.core.request import AdmittedRequest, InferenceRequest
 from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.statistics import ModelStatistics
 from tritium.core.validation import validate_request
@@ -63,9 +64,10 @@ class InferenceService:
         self.loop = loop
         self.extensions = extensions
         self.accepting = True  # False once shutdown begins
-        # Insertion-ordered set of admitted, unfinished requests.
-        self._in_flight: dict[InferenceRequest, None] = {}
-        self._idle: asyncio.Event | None = None  # exists while someone waits for idle
+        # Admitted requests whose final response is not sent yet, whatever their model.
+        # Each is also in its model version's own set (``ModelHandle.enqueue``): a shutdown
+        # waits for the server's, an unload for one version's, while others keep running.
+        self._in_flight: InFlight[AdmittedRequest] = InFlight()
         self._log_settings = LogSettings()
         self._trace_settings = TraceSettings()
 
@@ -161,9 +163,10 @@ class InferenceService:
 
     # -- inference -------------------------------------------------------------
     def submit(self, request: InferenceRequest, cancellation: Cancellation,
-               allow_decoupled: bool = True) -> ResponseStream:
+               allow_decoupled: bool = True, internal: bool = False) -> ResponseStream:
         """Validate and admit ``request``, cancelled through the caller's ``cancellation``
         (made for this service's loop); its responses arrive on the returned stream.
+        ``internal``: made by a model (BLS), not a client, so admitted while draining.
 
         Raises TritiumError when the request is not admitted (nothing is queued then).
         """
@@ -173,7 +176,7 @@ class InferenceService:
                 ErrorCode.INTERNAL, "a request's cancellation must be made for the server's loop"
             )
         # A BLS child of a request that is still draining must be able to finish it.
-        if not self.accepting and not request.internal:
+        if not self.accepting and not internal:
             raise TritiumError(
                 ErrorCode.UNAVAILABLE, "Server is shutting down and not accepting new requests"
             )
@@ -184,43 +187,36 @@ class InferenceService:
                 f"model '{model.name}' uses the decoupled transaction policy, which this "
                 "endpoint does not support; use a streaming endpoint",
             )
-        validate_request(request, model)
-        request.model_version = model.version
-        request.labels = model.labels
+        batch_size = validate_request(request, model)
         if cancellation.reason is not None:
             raise cancellation.reason.to_error()
-        request.cancellation = cancellation
-        stream = ResponseStream(self.loop, cancellation)
-        request.stream = stream
-        model.enqueue(request, stream)
+        stream = ResponseStream(self.loop, cancellation, model.served_by)
+        admitted = AdmittedRequest(request, cancellation, stream, batch_size)
+        model.enqueue(admitted)
 
         def on_cancel(cancelled: Cancellation) -> None:
             assert cancelled.reason is not None
             # The scheduler reads the request's stage before the stream is closed.
-            model.request_cancelled(request)
+            model.request_cancelled(admitted)
             stream.close_with(InferenceResponse.failure(cancelled.reason.to_error()))
 
         def on_done() -> None:
-            self._in_flight.pop(request, None)
-            model.request_finished(request, stream.error)
+            self._in_flight.discard(admitted)
+            model.request_finished(admitted, stream.error)
             cancellation.remove_callback(on_cancel)
-            if not self._in_flight and self._idle is not None:
-                self._idle.set()
 
-        self._in_flight[request] = None
+        self._in_flight.add(admitted)
         stream.on_done = on_done
         cancellation.add_callback(on_cancel)
         return stream
 
-    def in_flight(self) -> list[InferenceRequest]:
+    def in_flight(self) -> list[AdmittedRequest]:
         """Admitted requests whose final response has not been sent yet."""
         return list(self._in_flight)
 
     async def wait_idle(self) -> None:
         """Return once no admitted request is unfinished."""
-        while self._in_flight:
-            self._idle = asyncio.Event()
-            await self._idle.wait()
+        await self._in_flight.wait_empty()
 
     # -- lifecycle -------------------------------------------------------------
     def stop_accepting(self) -> None:
@@ -242,7 +238,7 @@ class InferenceService:
 
     def cancel_all(self, reason: CancelReason) -> int:
         """Cancel every unfinished request; returns how many there were."""
-        requests = list(self._in_flight)
+        requests = list(self._in_flight)  # a snapshot: cancelling may finish them
         for request in requests:
             request.cancellation.cancel(reason)
         return len(requests)

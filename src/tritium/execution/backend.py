@@ -6,7 +6,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tritium.core.request import InferenceRequest
+from tritium.core.request import AdmittedRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class ModelBackend(Protocol):
 
     decoupled: bool
 
-    def execute(self, requests: list[InferenceRequest]) -> Awaitable[None] | None:
+    def execute(self, requests: list[AdmittedRequest]) -> Awaitable[None] | None:
         """Run one batch. Returns an awaitable when the model's ``execute`` is a
         coroutine; the instance then runs it on its own event loop."""
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import InferenceRequest
+from tritium.core.request import AdmittedRequest
 from tritium.core.response import DeferredWakes, InferenceResponse, ResponseStream
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.placement import ThreadPlacement, current
@@ -27,7 +27,7 @@ log = logging.getLogger("tritium.execution")
 BackendFactory = Callable[[InstanceInfo], ModelBackend]
 # (instance, batch, nanoseconds execute took or -1 when it did not run, the streams whose
 # responses wait to be woken: the callback must wake them, see core.response.DeferredWakes)
-DoneCallback = Callable[["ModelInstance", list[InferenceRequest], int, list[ResponseStream]],
+DoneCallback = Callable[["ModelInstance", list[AdmittedRequest], int, list[ResponseStream]],
                         None]
 
 _STOP = None
@@ -46,8 +46,8 @@ class ModelInstance:
         self._create_backend = create_backend
         self._loop = loop
         self._on_done = on_done
-        self._inbox: queue.SimpleQueue[list[InferenceRequest] | None] = queue.SimpleQueue()
-        self._outbox: list[list[InferenceRequest]] = []
+        self._inbox: queue.SimpleQueue[list[AdmittedRequest] | None] = queue.SimpleQueue()
+        self._outbox: list[list[AdmittedRequest]] = []
         self._backend: ModelBackend | None = None
         self._model_loop: asyncio.AbstractEventLoop | None = None
         self._started: asyncio.Future[None] = loop.create_future()
@@ -60,7 +60,7 @@ class ModelInstance:
         self._thread.start()
         await self._started
 
-    def submit(self, batch: list[InferenceRequest]) -> None:
+    def submit(self, batch: list[AdmittedRequest]) -> None:
         if self._model_loop is not None:
             self._model_loop.call_soon_threadsafe(self._start_async, batch)
             return
@@ -115,7 +115,7 @@ class ModelInstance:
         while (batch := inbox.get()) is not _STOP:
             self._execute(batch)
 
-    def _execute(self, batch: list[InferenceRequest]) -> None:
+    def _execute(self, batch: list[AdmittedRequest]) -> None:
         # Checked again here: a request cancelled after dispatch never reaches the model.
         live = [r for r in batch if not r.cancellation.is_cancelled()]
         elapsed = -1
@@ -133,7 +133,7 @@ class ModelInstance:
             self._placement.narrow()
         self._loop.call_soon_threadsafe(self._finish, batch, elapsed, woken)
 
-    def _finish(self, batch: list[InferenceRequest], elapsed: int,
+    def _finish(self, batch: list[AdmittedRequest], elapsed: int,
                 woken: list[ResponseStream]) -> None:
         self._on_done(self, batch, elapsed, woken)
 
@@ -147,7 +147,7 @@ class ModelInstance:
         finally:
             model_loop.close()
 
-    def _start_async(self, batch: list[InferenceRequest]) -> None:
+    def _start_async(self, batch: list[AdmittedRequest]) -> None:
         live = [r for r in batch if not r.cancellation.is_cancelled()]
         backend = self._backend
         assert backend is not None
@@ -171,8 +171,8 @@ class ModelInstance:
         else:
             task.add_done_callback(lambda t: self._async_done(t, batch, live, started))
 
-    def _async_done(self, task: asyncio.Future[None], batch: list[InferenceRequest],
-                    live: list[InferenceRequest], started: int) -> None:
+    def _async_done(self, task: asyncio.Future[None], batch: list[AdmittedRequest],
+                    live: list[AdmittedRequest], started: int) -> None:
         _log_task_error(task, live, self.info.model_name)
         elapsed = time.monotonic_ns() - started
         self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed, [])
@@ -199,18 +199,18 @@ class ModelInstance:
             self._loop.call_soon_threadsafe(settle)
 
 
-def _fail_batch(batch: list[InferenceRequest], model: str, exc: BaseException) -> None:
+def _fail_batch(batch: list[AdmittedRequest], model: str, exc: BaseException) -> None:
     error = TritiumError(
         ErrorCode.INTERNAL,
         f"Failed to process the request(s) for model '{model}', message: {exc}",
     )
     for request in batch:
         stream = request.stream
-        if stream is not None and not stream.closed:
+        if not stream.closed:
             stream.send_nowait(InferenceResponse.failure(error))
 
 
-def _log_task_error(task: asyncio.Future[None], live: list[InferenceRequest], model: str) -> None:
+def _log_task_error(task: asyncio.Future[None], live: list[AdmittedRequest], model: str) -> None:
     if task.cancelled():
         return
     exc = task.exception()

@@ -14,8 +14,9 @@ from tritonclient.grpc import model_config_pb2
 
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import TritiumError
-from tritium.core.request import InferenceRequest
-from tritium.core.response import ResponseStream
+from tritium.core.inflight import InFlight
+from tritium.core.request import AdmittedRequest
+from tritium.core.response import ServedBy
 from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
 from tritium.execution.backend import InstanceInfo, ModelBackend
@@ -54,31 +55,30 @@ class LoadedModel:
         self.inputs: Mapping[str, TensorSpec] = inputs
         self.outputs: Mapping[str, TensorSpec] = outputs
         self.labels: dict[str, list[str]] = _read_labels(model_dir, config)
+        self.served_by = ServedBy(self.name, version, self.max_batch_size > 0, self.labels)
         self.scheduler = _scheduler(self.name, version, config, self.decoupled)
         self.instances: list[ModelInstance] = []
         self.load_seconds = 0.0
-        # Admitted requests whose final response has not been sent: what a drain waits for.
-        self._admitted: dict[InferenceRequest, None] = {}
-        self._drained: asyncio.Event | None = None
+        # Admitted requests whose final response has not been sent: what an unload waits
+        # for. (The service's own set holds them too: a shutdown asks about every model.)
+        self._admitted: InFlight[AdmittedRequest] = InFlight()
 
     # -- ModelHandle -------------------------------------------------------------
     def is_ready(self) -> bool:
         return self.scheduler.accepting
 
-    def enqueue(self, request: InferenceRequest, stream: ResponseStream) -> None:
+    def enqueue(self, request: AdmittedRequest) -> None:
         self.scheduler.enqueue(request)
-        self._admitted[request] = None
+        self._admitted.add(request)
         if self.decoupled:
-            stream.on_late_final = lambda: self.scheduler.model_stopped(request)
+            request.stream.on_late_final = lambda: self.scheduler.model_stopped(request)
 
-    def request_cancelled(self, request: InferenceRequest) -> None:
+    def request_cancelled(self, request: AdmittedRequest) -> None:
         self.scheduler.request_cancelled(request)
 
-    def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
+    def request_finished(self, request: AdmittedRequest, error: TritiumError | None) -> None:
         self.scheduler.request_finished(request, error)
-        self._admitted.pop(request, None)
-        if not self._admitted and self._drained is not None:
-            self._drained.set()
+        self._admitted.discard(request)
 
     def statistics(self) -> ModelStatistics:
         return self.scheduler.stats
@@ -121,7 +121,7 @@ class LoadedModel:
         self.scheduler.stop_accepting()
         try:
             async with asyncio.timeout(timeout_s):
-                await self._wait_drained()
+                await self._admitted.wait_empty()
         except TimeoutError:
             pass
         leftover = list(self._admitted)
@@ -134,11 +134,6 @@ class LoadedModel:
             )
             request.cancellation.cancel(CancelReason.UNLOADED)
         return len(leftover)
-
-    async def _wait_drained(self) -> None:
-        while self._admitted:
-            self._drained = asyncio.Event()
-            await self._drained.wait()
 
     def _instance_infos(self, config_text: str) -> list[InstanceInfo]:
         """One entry per instance, as Triton names and places them: ``<group name>_<i>``;

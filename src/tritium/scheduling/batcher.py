@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tritium.core.request import InferenceRequest
+from tritium.core.request import AdmittedRequest
 from tritium.scheduling.policy import SchedulerPolicy
 
 
@@ -37,7 +37,7 @@ class Batcher:
         self.preferred = frozenset(policy.preferred_batch_sizes)
         self.delay_ns = policy.max_queue_delay_us * 1000
 
-    def plan(self, queued: Iterable[InferenceRequest], now_ns: int) -> BatchPlan:
+    def plan(self, queued: Iterable[AdmittedRequest], now_ns: int) -> BatchPlan:
         """Decide for the requests ``queued`` (live ones, in queue order) at ``now_ns``."""
         count = total = preferred_count = 0
         oldest_ns = now_ns

@@ -6,10 +6,10 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from tritium.core.request import InferenceRequest, RequestStage
+from tritium.core.request import AdmittedRequest, RequestStage
 from tritium.scheduling.clock import Alarm, Clock
 
-ExpireCallback = Callable[[InferenceRequest], None]
+ExpireCallback = Callable[[AdmittedRequest], None]
 
 
 class Deadlines:
@@ -24,14 +24,14 @@ class Deadlines:
         self._clock = clock
         self._on_expired = on_expired
         self._on_fired = on_fired
-        self._heap: list[tuple[int, int, InferenceRequest]] = []
+        self._heap: list[tuple[int, int, AdmittedRequest]] = []
         self._order = itertools.count()
         self._alarm = Alarm(clock, self._fire)
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, request: InferenceRequest, deadline_ns: int) -> None:
+    def add(self, request: AdmittedRequest, deadline_ns: int) -> None:
         heapq.heappush(self._heap, (deadline_ns, next(self._order), request))
         if self._heap[0][2] is request:
             self._alarm.arm(deadline_ns)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tritium.core.request import InferenceRequest
+from tritium.core.request import AdmittedRequest
 from tritium.core.response import ResponseStream, wake_all
 
 
@@ -20,11 +20,11 @@ class OrderedDelivery:
         self._sequence: dict[int, int] = {}  # id(batch) -> its sequence number
         self._held: dict[int, list[ResponseStream]] = {}
 
-    def dispatched(self, batch: list[InferenceRequest]) -> None:
+    def dispatched(self, batch: list[AdmittedRequest]) -> None:
         self._sequence[id(batch)] = self._next
         self._next += 1
 
-    def finished(self, batch: list[InferenceRequest], woken: list[ResponseStream]) -> None:
+    def finished(self, batch: list[AdmittedRequest], woken: list[ResponseStream]) -> None:
         self._held[self._sequence.pop(id(batch))] = woken
         while self._due in self._held:
             wake_all(self._held.pop(self._due))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator
 
-from tritium.core.request import InferenceRequest, RequestStage
+from tritium.core.request import AdmittedRequest, RequestStage
 
 _QUEUED = RequestStage.QUEUED
 
@@ -21,8 +21,8 @@ class _Level:
     __slots__ = ("delayed", "ready", "size")
 
     def __init__(self) -> None:
-        self.ready: collections.deque[InferenceRequest] = collections.deque()
-        self.delayed: collections.deque[InferenceRequest] = collections.deque()
+        self.ready: collections.deque[AdmittedRequest] = collections.deque()
+        self.delayed: collections.deque[AdmittedRequest] = collections.deque()
         self.size = 0  # live requests in both lanes
 
 
@@ -36,37 +36,38 @@ class RequestQueue:
         # stale. Invariant: that stale copy leaves the ready lane before the delayed copy
         # is reached, because a level's delayed lane is only read once its ready lane is
         # empty; so a request leaves this set when its delayed copy is passed over.
-        self._moved: set[InferenceRequest] = set()
+        self._moved: set[AdmittedRequest] = set()
 
     def __len__(self) -> int:
         return self._size
 
-    def level_of(self, request: InferenceRequest) -> int:
-        if request.priority <= 0 or request.priority > len(self._levels):
+    def level_of(self, request: AdmittedRequest) -> int:
+        priority = request.request.priority
+        if priority <= 0 or priority > len(self._levels):
             return self._default_level
-        return request.priority - 1
+        return priority - 1
 
     def level_size(self, level: int) -> int:
         """Live requests queued at ``level`` (0 is the highest priority)."""
         return self._levels[level].size
 
-    def push(self, request: InferenceRequest) -> None:
-        request.stage = _QUEUED
+    def push(self, request: AdmittedRequest) -> None:
+        request.move_to(_QUEUED)
         level = self._levels[self.level_of(request)]
         level.ready.append(request)
         level.size += 1
         self._size += 1
 
-    def discard(self, request: InferenceRequest) -> bool:
+    def discard(self, request: AdmittedRequest) -> bool:
         """Forget a queued request; returns False if it was not queued."""
         if request.stage is not _QUEUED:
             return False
-        request.stage = RequestStage.DONE
+        request.move_to(RequestStage.DONE)
         self._levels[self.level_of(request)].size -= 1
         self._size -= 1
         return True
 
-    def delay(self, request: InferenceRequest) -> bool:
+    def delay(self, request: AdmittedRequest) -> bool:
         """Move a queued request behind every other request of its level."""
         if request.stage is not _QUEUED or request in self._moved:
             return False
@@ -74,14 +75,14 @@ class RequestQueue:
         self._levels[self.level_of(request)].delayed.append(request)
         return True
 
-    def peek(self) -> InferenceRequest | None:
+    def peek(self) -> AdmittedRequest | None:
         for level in self._levels:
             request = self._front(level)
             if request is not None:
                 return request
         return None
 
-    def pop(self) -> InferenceRequest | None:
+    def pop(self) -> AdmittedRequest | None:
         for level in self._levels:
             request = self._front(level)
             if request is not None:
@@ -94,7 +95,7 @@ class RequestQueue:
                 return request
         return None
 
-    def __iter__(self) -> Iterator[InferenceRequest]:
+    def __iter__(self) -> Iterator[AdmittedRequest]:
         """The live requests in the order ``pop`` would return them."""
         moved = self._moved
         for level in self._levels:
@@ -105,14 +106,14 @@ class RequestQueue:
                 if request.stage is _QUEUED:
                     yield request
 
-    def drain(self) -> list[InferenceRequest]:
+    def drain(self) -> list[AdmittedRequest]:
         """Remove and return every queued request."""
         taken = []
         while (request := self.pop()) is not None:
             taken.append(request)
         return taken
 
-    def _front(self, level: _Level) -> InferenceRequest | None:
+    def _front(self, level: _Level) -> AdmittedRequest | None:
         """The first live request of ``level``, dropping dead entries in front of it."""
         ready = level.ready
         moved = self._moved

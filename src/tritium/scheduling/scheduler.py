@@ -14,7 +14,7 @@ from typing import Protocol
 
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import InferenceRequest, RequestStage
+from tritium.core.request import AdmittedRequest, RequestStage
 from tritium.core.response import ResponseStream, wake_all
 from tritium.core.statistics import Duration, ModelStatistics
 from tritium.scheduling.batcher import Batcher
@@ -32,7 +32,7 @@ log = logging.getLogger("tritium.scheduler")
 class Instance(Protocol):
     name: str
 
-    def submit(self, batch: list[InferenceRequest]) -> None: ...
+    def submit(self, batch: list[AdmittedRequest]) -> None: ...
 
 
 class ModelScheduler:
@@ -55,7 +55,7 @@ class ModelScheduler:
                            if policy.has_timeouts() else None)
         # Requests this scheduler cancelled for their queue timeout: counted REJECTED,
         # not CANCELED, when they finish (which removes them from here).
-        self._rejected: set[InferenceRequest] = set()
+        self._rejected: set[AdmittedRequest] = set()
         self._ordered = OrderedDelivery() if policy.preserve_ordering else None
 
     # -- instances ---------------------------------------------------------------
@@ -63,7 +63,7 @@ class ModelScheduler:
         self._idle.extend(instances)
         self._dispatch()
 
-    def batch_done(self, instance: Instance, batch: list[InferenceRequest], exec_ns: int,
+    def batch_done(self, instance: Instance, batch: list[AdmittedRequest], exec_ns: int,
                    woken: list[ResponseStream] | None = None) -> None:
         """An instance finished ``execute`` for ``batch`` (in ``exec_ns``) and can take more;
         ``woken`` are the streams whose responses it returned, still to be woken."""
@@ -78,7 +78,7 @@ class ModelScheduler:
             size += request.batch_size
             # A decoupled request goes on after execute() returns, until its FINAL.
             if request.stage is RequestStage.EXECUTING and not self.decoupled:
-                request.stage = RequestStage.DONE
+                request.move_to(RequestStage.DONE)
             cancelled_at = request.cancellation.cancelled_at_ns
             if cancelled_at and not self.decoupled:
                 stats.record_cancel_stop(now - cancelled_at)
@@ -96,7 +96,7 @@ class ModelScheduler:
         self._dispatch()
 
     # -- requests ----------------------------------------------------------------
-    def enqueue(self, request: InferenceRequest) -> None:
+    def enqueue(self, request: AdmittedRequest) -> None:
         if not self.accepting:
             raise self._not_accepting()
         if self._bounded:
@@ -108,23 +108,24 @@ class ModelScheduler:
         if self._idle:
             self._dispatch()
 
-    def request_cancelled(self, request: InferenceRequest) -> None:
+    def request_cancelled(self, request: AdmittedRequest) -> None:
         if self._queue.discard(request):
             self.stats.pending -= 1
             self._count_cancel(request, "queued")
         elif request.stage is RequestStage.EXECUTING and not _finished(request):
             self._count_cancel(request, "executing")
 
-    def model_stopped(self, request: InferenceRequest) -> None:
+    def model_stopped(self, request: AdmittedRequest) -> None:
         """A decoupled model sent FINAL for a request after it was cancelled."""
         cancelled_at = request.cancellation.cancelled_at_ns
         if cancelled_at:
             self.stats.record_cancel_stop(self._clock.now_ns() - cancelled_at)
 
-    def request_finished(self, request: InferenceRequest, error: TritiumError | None) -> None:
+    def request_finished(self, request: AdmittedRequest, error: TritiumError | None) -> None:
         """Count the outcome once the request's final response was sent."""
         stats = self.stats
-        request.stage = RequestStage.DONE
+        if request.stage is not RequestStage.DONE:
+            request.move_to(RequestStage.DONE)
         elapsed = self._clock.now_ns() - request.arrival_ns
         if request.cancellation.is_cancelled():
             if self._rejected and request in self._rejected:
@@ -148,21 +149,21 @@ class ModelScheduler:
             f"model '{self.model_name}' version {self.version} is not accepting new requests",
         )
 
-    def _check_room(self, request: InferenceRequest) -> None:
+    def _check_room(self, request: AdmittedRequest) -> None:
         level = self._queue.level_of(request)
         limit = self._level_policies[level].max_queue_size
         if limit and self._queue.level_size(level) >= limit:
             self.stats.failures["REJECTED"] += 1
             raise TritiumError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")
 
-    def _arm_deadline(self, request: InferenceRequest) -> None:
+    def _arm_deadline(self, request: AdmittedRequest) -> None:
         assert self._deadlines is not None
         policy = self._level_policies[self._queue.level_of(request)]
-        timeout_us = policy.timeout_us(request.timeout_us)
+        timeout_us = policy.timeout_us(request.request.timeout_us)
         if timeout_us:
             self._deadlines.add(request, request.arrival_ns + timeout_us * 1000)
 
-    def _expire(self, request: InferenceRequest) -> None:
+    def _expire(self, request: AdmittedRequest) -> None:
         """``request``'s queue timeout passed while it was still queued."""
         policy = self._level_policies[self._queue.level_of(request)]
         self.stats.expired[policy.timeout_action.name] += 1
@@ -175,7 +176,7 @@ class ModelScheduler:
         # Idempotent; needed when nobody listens to the cancellation (direct use).
         self.request_cancelled(request)
 
-    def _count_cancel(self, request: InferenceRequest, stage: str) -> None:
+    def _count_cancel(self, request: AdmittedRequest, stage: str) -> None:
         reason = request.cancellation.reason
         self.stats.cancellations[(reason.name if reason else "UNKNOWN", stage)] += 1
         log.info(
@@ -193,11 +194,11 @@ class ModelScheduler:
                 return
             self._start(batch, self._idle.pop())
 
-    def _start(self, batch: list[InferenceRequest], instance: Instance) -> None:
+    def _start(self, batch: list[AdmittedRequest], instance: Instance) -> None:
         stats = self.stats
         now = self._clock.now_ns()
         for request in batch:
-            request.stage = RequestStage.EXECUTING
+            request.move_to(RequestStage.EXECUTING)
             stats.queue.add(now - request.arrival_ns)
         stats.pending -= len(batch)
         stats.executing += len(batch)
@@ -205,7 +206,7 @@ class ModelScheduler:
             self._ordered.dispatched(batch)
         instance.submit(batch)
 
-    def _next_batch(self) -> list[InferenceRequest]:
+    def _next_batch(self) -> list[AdmittedRequest]:
         """Default scheduler: the next live request, alone."""
         queue = self._queue
         while (request := queue.pop()) is not None:
@@ -213,12 +214,12 @@ class ModelScheduler:
                 return [request]
             # Cancelled on another thread; its callback has not reached us yet. Popped, so
             # marked done here: the callback's request_cancelled then finds nothing to do.
-            request.stage = RequestStage.DONE
+            request.move_to(RequestStage.DONE)
             self.stats.pending -= 1
             self._count_cancel(request, "queued")
         return []
 
-    def _next_dynamic(self) -> list[InferenceRequest]:
+    def _next_dynamic(self) -> list[AdmittedRequest]:
         assert self._batcher is not None
         now = self._clock.now_ns()
         if self._deadlines is not None and len(self._deadlines):
@@ -236,7 +237,7 @@ class ModelScheduler:
             batch.append(request)
         return batch
 
-    def _live(self) -> Iterator[InferenceRequest]:
+    def _live(self) -> Iterator[AdmittedRequest]:
         """Queued requests in order, dropping those cancelled since they were queued."""
         for request in self._queue:
             if request.cancellation.reason is None:
@@ -253,6 +254,5 @@ class ModelScheduler:
         return self.stats.pending == 0 and self.stats.executing == 0
 
 
-def _finished(request: InferenceRequest) -> bool:
-    stream = request.stream
-    return stream is not None and stream.closed
+def _finished(request: AdmittedRequest) -> bool:
+    return request.stream.closed

@@ -21,7 +21,13 @@ import numpy as np
 
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError, invalid
-from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest, RequestStage
+from tritium.core.request import (
+    SEQUENCE_END,
+    SEQUENCE_START,
+    AdmittedRequest,
+    InferenceRequest,
+    RequestStage,
+)
 from tritium.core.response import ResponseStream
 from tritium.core.types import DataType, Tensor
 from tritium.scheduling.clock import Alarm, Clock
@@ -42,7 +48,7 @@ class _Slot:
         self.instance = instance
         # Queued requests of its sequences in arrival order; a request that left the
         # queue otherwise (cancelled) stays here until passed over.
-        self.queue: collections.deque[InferenceRequest] = collections.deque()
+        self.queue: collections.deque[AdmittedRequest] = collections.deque()
         self.running: _Sequence | None = None  # whose request the instance executes
         self.sequences = 0  # active (not released) sequences bound here
 
@@ -53,7 +59,7 @@ class _Sequence:
     def __init__(self, correlation_id: CorrelationId, slot: _Slot):
         self.correlation_id = correlation_id
         self.slot = slot
-        self.waiting: dict[InferenceRequest, None] = {}  # queued, in arrival order
+        self.waiting: dict[AdmittedRequest, None] = {}  # queued, in arrival order
         self.outstanding = 0  # queued or executing
         self.released = False
 
@@ -70,7 +76,7 @@ class SequenceScheduler(ModelScheduler):
         self._idle_ns = policy.sequence.max_idle_us * 1000
         self._slots: dict[Instance, _Slot] = {}
         self._active: dict[CorrelationId, _Sequence] = {}
-        self._queued: dict[InferenceRequest, _Sequence] = {}
+        self._queued: dict[AdmittedRequest, _Sequence] = {}
         # Active sequences with nothing queued or executing -> since when; insertion order
         # is time order because a sequence is removed before it is added again. Ordered:
         # its first entry is found in O(1) however many were removed before it.
@@ -84,7 +90,7 @@ class SequenceScheduler(ModelScheduler):
         for instance in instances:
             self._run_next(self._slots[instance])
 
-    def batch_done(self, instance: Instance, batch: list[InferenceRequest], exec_ns: int,
+    def batch_done(self, instance: Instance, batch: list[AdmittedRequest], exec_ns: int,
                    woken: list[ResponseStream] | None = None) -> None:
         slot = self._slots[instance]
         sequence, slot.running = slot.running, None
@@ -102,20 +108,20 @@ class SequenceScheduler(ModelScheduler):
             self._run_next(self._slots[idle.pop()])
 
     # -- requests ----------------------------------------------------------------
-    def enqueue(self, request: InferenceRequest) -> None:
+    def enqueue(self, request: AdmittedRequest) -> None:
         if not self.accepting:
             raise self._not_accepting()
-        if not request.correlation_id:
+        if not request.request.correlation_id:
             raise invalid(f"inference request to model '{self.model_name}' must specify a "
                           "non-zero or non-empty correlation ID")
         self._add_controls(request)  # before the sequence is bound: it may refuse
         sequence = self._sequence_for(request)
-        request.stage = RequestStage.QUEUED
+        request.move_to(RequestStage.QUEUED)
         sequence.waiting[request] = None
         sequence.outstanding += 1
         self._queued[request] = sequence
         self._idle_since.pop(sequence, None)
-        if request.flags & SEQUENCE_END:
+        if request.request.flags & SEQUENCE_END:
             self._release(sequence)
         self.stats.pending += 1
         slot = sequence.slot
@@ -123,7 +129,7 @@ class SequenceScheduler(ModelScheduler):
         if slot.running is None:
             self._run_next(slot)
 
-    def request_cancelled(self, request: InferenceRequest) -> None:
+    def request_cancelled(self, request: AdmittedRequest) -> None:
         sequence = self._queued.pop(request, None)
         if sequence is not None:
             self._unqueue(request, sequence)
@@ -133,12 +139,12 @@ class SequenceScheduler(ModelScheduler):
             self._count_cancel(request, "executing")
 
     # -- sequences ---------------------------------------------------------------
-    def _sequence_for(self, request: InferenceRequest) -> _Sequence:
+    def _sequence_for(self, request: AdmittedRequest) -> _Sequence:
         """The sequence ``request`` belongs to, bound to a slot; refuses a request that
         continues a sequence that is not active."""
-        correlation_id = request.correlation_id
+        correlation_id = request.request.correlation_id
         sequence = self._active.get(correlation_id)
-        if not request.flags & SEQUENCE_START:
+        if not request.request.flags & SEQUENCE_START:
             if sequence is None:
                 raise invalid(
                     f"inference request for sequence {correlation_id} to model "
@@ -176,7 +182,7 @@ class SequenceScheduler(ModelScheduler):
         sequence.slot.sequences -= 1
         self._idle_since.pop(sequence, None)
 
-    def _cancel_sequence(self, sequence: _Sequence, cause: InferenceRequest) -> None:
+    def _cancel_sequence(self, sequence: _Sequence, cause: AdmittedRequest) -> None:
         """A queued request of ``sequence`` was cancelled: so are its other queued requests,
         with the same reason, and the sequence is released."""
         self._release(sequence)
@@ -229,18 +235,19 @@ class SequenceScheduler(ModelScheduler):
             slot.running = sequence
             self._start([request], slot.instance)
 
-    def _unqueue(self, request: InferenceRequest, sequence: _Sequence) -> None:
-        request.stage = RequestStage.DONE
+    def _unqueue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        request.move_to(RequestStage.DONE)
         del sequence.waiting[request]
         sequence.outstanding -= 1
         self.stats.pending -= 1
 
     # -- control tensors ---------------------------------------------------------
-    def _add_controls(self, request: InferenceRequest) -> None:
+    def _add_controls(self, request: AdmittedRequest) -> None:
         shape = self._control_shape
+        decoded = request.request
         for control in self._controls:
-            data = _control_value(control, request).reshape(shape)
-            request.inputs[control.name] = Tensor(control.name, control.datatype, shape, data)
+            data = _control_value(control, decoded).reshape(shape)
+            decoded.inputs[control.name] = Tensor(control.name, control.datatype, shape, data)
 
 
 def _control_value(control: SequenceControl, request: InferenceRequest) -> np.ndarray:

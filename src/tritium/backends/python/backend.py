@@ -14,7 +14,7 @@ from tritium.backends.python.importer import forget_module
 from tritium.backends.python.request import ReceivedRequest, RequestContext
 from tritium.backends.python.response import InferenceResponse
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import InferenceRequest as CoreRequest
+from tritium.core.request import AdmittedRequest
 from tritium.core.response import ImmediateWakes
 from tritium.core.response import InferenceResponse as CoreResponse
 from tritium.core.service import InferenceService
@@ -47,7 +47,7 @@ class PythonBackend:
         self._context = context
         self._module = module
 
-    def execute(self, requests: list[CoreRequest]) -> Awaitable[None] | None:
+    def execute(self, requests: list[AdmittedRequest]) -> Awaitable[None] | None:
         context = self._context
         received = [ReceivedRequest(request, context) for request in requests]
         token = scope.enter(scope.ExecutionScope(self._service, self.model_dir, requests))
@@ -79,7 +79,7 @@ class PythonBackend:
 
     async def _complete_async(
         self,
-        requests: list[CoreRequest],
+        requests: list[AdmittedRequest],
         received: list[ReceivedRequest],
         coroutine: Coroutine[Any, Any, Any],
     ) -> None:

@@ -131,7 +131,6 @@ def child_request(request: InferenceRequest) -> CoreRequest:
         correlation_id=request._correlation_id,
         flags=request._flags,
         timeout_us=request._timeout,
-        internal=True,
     )
 
 
@@ -197,7 +196,7 @@ def _submit(service: InferenceService, child: CoreRequest, cancellation: Cancell
             "Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
             "decoupled models.",
         )
-    return service.submit(child, cancellation, allow_decoupled=allow_decoupled)
+    return service.submit(child, cancellation, allow_decoupled=allow_decoupled, internal=True)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

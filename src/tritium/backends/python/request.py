@@ -14,7 +14,7 @@ from tritium.backends.python.errors import TritonModelException
 from tritium.backends.python.pb_tensor import Tensor
 from tritium.backends.python.response import InferenceResponse, check_parameters, to_core
 from tritium.backends.python.sender import InferenceResponseSender
-from tritium.core.request import InferenceRequest as CoreRequest
+from tritium.core.request import AdmittedRequest
 
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
@@ -155,11 +155,12 @@ class RequestContext:
 class ReceivedRequest(InferenceRequest):
     """A request being executed: a thin view of the core request (hot path, no copies)."""
 
-    __slots__ = ("_context", "_core", "_finished", "_input_list", "_sender")
+    __slots__ = ("_admitted", "_context", "_core", "_finished", "_input_list", "_sender")
 
-    def __init__(self, core: CoreRequest, context: RequestContext) -> None:
+    def __init__(self, admitted: AdmittedRequest, context: RequestContext) -> None:
         # Deliberately not calling InferenceRequest.__init__: nothing is copied up front.
-        self._core = core
+        self._admitted = admitted
+        self._core = admitted.request
         self._context = context
         self._input_list: list[Tensor] | None = None
         self._sender: InferenceResponseSender | None = None
@@ -201,12 +202,12 @@ class ReceivedRequest(InferenceRequest):
         return self._core.model_name
 
     def is_cancelled(self) -> bool:
-        return self._core.cancellation.is_cancelled()
+        return self._admitted.cancellation.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             self._sender = InferenceResponseSender(
-                self._core, self.wanted_outputs(), self._context.decoupled
+                self._admitted, self.wanted_outputs(), self._context.decoupled
             )
             # The backend already sent this request's last response without a sender.
             self._sender.closed = self._finished
@@ -235,4 +236,4 @@ class ReceivedRequest(InferenceRequest):
             self._sender.send(response, 1)
             return
         self._finished = True
-        self._core.stream.send_nowait(to_core(response, self.wanted_outputs(), True))  # type: ignore[union-attr]
+        self._admitted.stream.send_nowait(to_core(response, self.wanted_outputs(), True))

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
-from tritium.core.request import InferenceRequest as CoreRequest
+from tritium.core.request import AdmittedRequest
 from tritium.core.service import InferenceService
 
 
@@ -17,7 +17,7 @@ class ExecutionScope:
 
     service: InferenceService | None
     model_dir: str
-    requests: Sequence[CoreRequest] = ()
+    requests: Sequence[AdmittedRequest] = ()
 
 
 _current: ContextVar[ExecutionScope | None] = ContextVar("tritium_python_scope", default=None)
@@ -51,6 +51,6 @@ def current_service() -> InferenceService | None:
     return _fallback_service
 
 
-def current_parents() -> Sequence[CoreRequest]:
+def current_parents() -> Sequence[AdmittedRequest]:
     scope = _current.get()
     return () if scope is None else scope.requests

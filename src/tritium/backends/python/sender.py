@@ -7,7 +7,7 @@ from collections.abc import Container
 
 from tritium.backends.python.errors import TritonModelException
 from tritium.backends.python.response import InferenceResponse, to_core
-from tritium.core.request import InferenceRequest as CoreRequest
+from tritium.core.request import AdmittedRequest
 from tritium.core.response import InferenceResponse as CoreResponse
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -22,7 +22,7 @@ class InferenceResponseSender:
 
     __slots__ = ("_decoupled", "_lock", "_request", "_sent", "_wanted", "closed")
 
-    def __init__(self, request: CoreRequest, wanted: Container[str], decoupled: bool) -> None:
+    def __init__(self, request: AdmittedRequest, wanted: Container[str], decoupled: bool) -> None:
         self._request = request
         self._wanted = wanted
         self._decoupled = decoupled
@@ -58,7 +58,7 @@ class InferenceResponseSender:
             if self.closed:
                 return False
             self.closed = True
-            self._request.stream.send_nowait(response)  # type: ignore[union-attr]
+            self._request.stream.send_nowait(response)
             return True
 
     def _check_state(self, response: InferenceResponse | None, final: bool) -> None:
@@ -78,7 +78,6 @@ class InferenceResponseSender:
 
     def _push(self, response: InferenceResponse | None, final: bool) -> None:
         stream = self._request.stream
-        assert stream is not None, "the core sets request.stream before execute"
         if response is None:
             stream.send_nowait(CoreResponse.final_flag())
         else:
