@@ -251,6 +251,10 @@ class ModelScheduler:
         self.accepting = False
 
     def is_idle(self) -> bool:
+        """Nothing queued and no ``execute`` running. Counts, not the in-flight set: they
+        are Triton's pending/executing statistics, and a decoupled request leaves
+        ``executing`` when ``execute`` returns, not at its FINAL (what an unload waits for,
+        in ``LoadedModel``'s InFlight)."""
         return self.stats.pending == 0 and self.stats.executing == 0
 
 
