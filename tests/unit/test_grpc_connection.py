@@ -505,7 +505,7 @@ def test_connection_window_overrun_ends_the_connection() -> None:
         peer.pump()
         stream_id = peer.start("/t.S/Stream", end=False)
         call = await service.next_call()
-        peer.raw(_data(stream_id, 65535) + _data(stream_id, 4466))
+        peer.raw(_data(stream_id, 70001))  # one frame past all the credit ever granted
         assert peer.terminated is not None
         assert peer.terminated.error_code == H2Error.FLOW_CONTROL_ERROR
         assert peer.output.closed

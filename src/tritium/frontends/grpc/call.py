@@ -49,13 +49,14 @@ class GrpcLimits:
     max_message_bytes: int = 2**31 - 1
     max_header_list_bytes: int = 64 * 1024
     max_concurrent_streams: int = 4096
-    # Credit a stream and the connection are granted. It comes back as the server consumes
-    # what was sent, so these bound what a peer can make the server hold beyond the budget.
+    # Credit a stream and the connection are granted at most. A connection's comes out of
+    # the byte budget, so the connection window times the connections that fill it is what
+    # the budget must cover before windows shrink.
     stream_window: int = 16 * 1024 * 1024
-    connection_window: int = 64 * 1024 * 1024
+    connection_window: int = 16 * 1024 * 1024
     max_frame_bytes: int = 1 << 20
-    # Request bytes held in messages not yet taken by their handlers: per connection, and for
-    # the whole server (``ByteBudget``); a message larger than either is refused.
+    # Request bytes held or granted credit for: per connection, and for the whole server
+    # (``ByteBudget``); a message larger than either is refused.
     max_connection_buffered_bytes: int = 2**31 - 1
     max_buffered_bytes: int = 2**31 - 1
     # Requests one ModelStreamInfer call may have in flight; more wait unread.
@@ -82,12 +83,12 @@ class Call:
         "encoding",
         "headers",
         "headers_sent",
+        "held",
         "last_progress",
         "messages",
         "pending",
         "reader",
         "recv_window",
-        "reserved",
         "rpc",
         "send_window",
         "state",
@@ -119,11 +120,8 @@ class Call:
         self.trailers: bytes | None = None  # sent once ``pending`` is empty
         self.reader = MessageReader(max_message)
         self.messages: deque[Message] = deque()  # whole, not yet taken by the handler
-        # Request bytes received and not yet taken by the handler, in two parts: those
-        # credited back to the peer (reserved in the byte budget), and the newer ones whose
-        # credit is withheld until the handler takes them or the budget allows.
-        self.reserved = 0
-        self.withheld = 0
+        self.held = 0  # request bytes received and not yet taken by the handler
+        self.withheld = 0  # received bytes whose stream credit has not been returned yet
         self.last_progress = 0.0
         self._waiter: asyncio.Future[None] | None = None
 

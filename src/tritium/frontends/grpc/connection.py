@@ -30,12 +30,10 @@ from tritium.frontends.grpc.flood import FloodGuard
 from tritium.frontends.grpc.frames import Frame, FrameReader, NotHttp2, http1_refusal
 from tritium.frontends.grpc.headers import HeaderDecoder
 from tritium.frontends.grpc.http2 import (
-    END_HEADERS,
     END_STREAM,
     FrameType,
     H2Error,
     ProtocolViolation,
-    frame,
     goaway,
     header_block,
     rst_stream,
@@ -127,6 +125,7 @@ class GrpcConnection:
         self.closed = True
         for call in list(self.calls.values()):
             self._move(call, CallEvent.LOST, reason=CancelReason.CLIENT_DISCONNECTED)
+        self.inbound.close()
         self.wake_writers()
 
     def set_write_paused(self, paused: bool) -> None:
@@ -263,14 +262,14 @@ class GrpcConnection:
         content_type = headers.get("content-type", "")
         if headers.get(":method") != "POST" or not content_type.startswith("application/grpc"):
             block = header_block((b":status", b"415"), (b"content-type", b"text/plain"))
-            self._answer_only(stream_id, ended, block)
+            self.outbox.answer_only(stream_id, ended, block)
             return
         rpc = self._router.get(path)
         encoding = headers.get("grpc-encoding", "identity")
         if rpc is None or encoding not in ENCODINGS:
             message = f"unknown method {path}" if rpc is None else \
                 f"unsupported grpc-encoding '{encoding}'"
-            self._answer_only(stream_id, ended, trailers_block(
+            self.outbox.answer_only(stream_id, ended, trailers_block(
                 GrpcStatus.UNIMPLEMENTED, message, headers_sent=False))
             return
         call = Call(self, stream_id, rpc, encoding, headers, self.control.peer_initial_window,
@@ -292,13 +291,6 @@ class GrpcConnection:
             call.task = self._loop.create_task(serving.serve_stream(self, call))
         if ended:
             self.remote_closed(call)
-
-    def _answer_only(self, stream_id: int, ended: bool, block: bytes) -> None:
-        """A complete answer to a stream that never becomes a call."""
-        out = self.outbox.out
-        out.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, stream_id, block))
-        if not ended:
-            out.append(rst_stream(stream_id, H2Error.NO_ERROR))
 
     def _on_rst_stream(self, found: Frame) -> None:
         stream_id = found.stream_id
@@ -357,10 +349,15 @@ class GrpcConnection:
             self.go_away()
             return
         for call in list(self.calls.values()):
-            if call.reader.partial and now - call.last_progress > \
-                    limits.message_progress_timeout_s and call.state is CallState.OPEN:
-                self.finish(call, GrpcStatus.CANCELLED, "request message stopped arriving",
-                            CALL_BROKEN)
+            # Bytes held for the client to finish: a message half in, or a unary request
+            # never half-closed (a stream's whole messages wait for its handler instead).
+            waiting = call.reader.partial or (call.rpc.unary is not None and call.messages)
+            if waiting and call.state is CallState.OPEN and \
+                    now - call.last_progress > limits.message_progress_timeout_s:
+                starved = self.inbound.starved  # then the budget, not the client, is why
+                self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED if starved else
+                            GrpcStatus.CANCELLED, "the server's request buffer is full"
+                            if starved else "request message stopped arriving", CALL_BROKEN)
 
     def go_away(self) -> None:
         """Refuse new streams; close once the calls in flight have finished."""

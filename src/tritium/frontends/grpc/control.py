@@ -19,7 +19,6 @@ from tritium.frontends.grpc.http2 import (
     frame,
     parse_settings,
     settings_payload,
-    window_update,
 )
 from tritium.frontends.grpc.windows import SendWindow, WindowError
 
@@ -44,9 +43,8 @@ class Control:
             Setting.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
             Setting.ENABLE_PUSH: 0,
         })
-        out = self._conn.outbox.out
-        out.append(frame(FrameType.SETTINGS, 0, 0, settings))
-        out.append(window_update(0, limits.connection_window - DEFAULT_WINDOW))
+        self._conn.outbox.out.append(frame(FrameType.SETTINGS, 0, 0, settings))
+        self._conn.inbound.open()
 
     def on_settings(self, found: Frame) -> None:
         conn = self._conn

@@ -1,10 +1,11 @@
-"""The receive side of a connection: DATA frames to request messages, with honest flow
-control and the server's byte budget.
+"""The receive side of a connection: DATA frames to request messages, with flow control
+that bounds what peers can make the server hold.
 
-Credit for received bytes goes back to the peer only when the server is not holding them
-for nobody: at once for a message still arriving (within the budget), and for a whole
-message when its handler takes it. A peer sending faster than its handler reads, or into a
-spent budget, stalls on its own windows.
+Two windows do two jobs. The connection's window is memory: its credit is reserved in the
+server's byte budget before it is granted, and stays reserved while the bytes sent against
+it are held, so everything held or on its way fits in the budget. A stream's window is pace:
+a streaming call whose handler has not taken its queued messages gets no new stream credit,
+so its peer stalls on its own window instead of filling the connection's.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tritium.frontends.grpc.call import Call
 from tritium.frontends.grpc.call_state import CLIENT_DONE, DECIDED, CallState
 from tritium.frontends.grpc.frames import Frame
 from tritium.frontends.grpc.http2 import (
+    DEFAULT_WINDOW,
     END_STREAM,
     H2Error,
     ProtocolViolation,
@@ -27,17 +29,41 @@ from tritium.frontends.grpc.windows import ByteBudget, RecvWindow, WindowError
 if TYPE_CHECKING:
     from tritium.frontends.grpc.connection import GrpcConnection
 
+_FIRST_WINDOW = 1024 * 1024
+
 
 class Inbound:
     def __init__(self, conn: GrpcConnection, budget: ByteBudget):
         self._conn = conn
         limits = conn.limits
-        self.window = RecvWindow(limits.connection_window)
-        self._budget = budget
+        self._target = limits.connection_window
+        # The window grows from here towards the target as the peer uses it, so an idle
+        # connection holds little of the budget.
+        self._size = min(_FIRST_WINDOW, self._target)
         self._limit = limits.max_connection_buffered_bytes
-        self.reserved = 0  # this connection's part of the budget
+        self._budget = budget
+        # ``available`` of this window is the credit the peer holds now.
+        self.window = RecvWindow(DEFAULT_WINDOW)
+        self._granted_once = False
+        self.held = 0  # bytes received and not yet consumed
+        self.reserved = DEFAULT_WINDOW  # in the budget: credit outstanding + bytes held
+        budget.take(DEFAULT_WINDOW)  # granted by the protocol before we say anything
         # No message can be larger than what the server may hold of it.
         self.message_limit = min(limits.max_message_bytes, self._limit, budget.limit)
+
+    def open(self) -> None:
+        self._grant()
+
+    def close(self) -> None:
+        """The connection is gone: everything it reserved goes back to the budget."""
+        self._budget.forget(self)
+        self._budget.release(self.reserved)
+        self.reserved = self.held = 0
+
+    @property
+    def starved(self) -> bool:
+        """The peer has no credit because the budget has none to give."""
+        return self.window.available <= 0
 
     def on_data(self, found: Frame) -> None:
         conn = self._conn
@@ -47,106 +73,110 @@ class Inbound:
             self.window.receive(size)
         except WindowError as exc:
             raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, str(exc)) from None
+        self.held += size
         call = conn.calls.get(stream_id)
         if call is None:
             if stream_id == 0 or conn.is_idle_stream(stream_id):
                 raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "DATA on an idle stream")
-            self._credit(None, size)  # a stream already closed: bytes nobody reads
+            self._consume(size)  # a stream already closed: bytes nobody reads
             return
         if call.state in CLIENT_DONE:
-            self._credit(None, size)
+            self._consume(size)
             conn.stream_error(call, H2Error.STREAM_CLOSED)
             return
         try:
             call.recv_window.receive(size)
         except WindowError:
-            self._credit(None, size)
+            self._consume(size)
             conn.stream_error(call, H2Error.FLOW_CONTROL_ERROR)
             return
         ended = found.flags & END_STREAM
         if not size and not ended and not conn.flood.allow_empty_frame(conn.now()):
             raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "too many empty DATA frames")
         data = strip_padding(payload, found.flags)
-        self._credit(call, size - len(data))  # padding is never held
+        self._consume(size - len(data))  # padding is never held
+        call.withheld += size - len(data)
         if data:
             self._take_bytes(call, data)
+        self._return_stream_credit(call)
+        self._grant()  # held bytes still count, but the peer may send more while there is room
         if ended and call.state is not CallState.CLOSED:
             conn.remote_closed(call)
 
     def _take_bytes(self, call: Call, data: memoryview) -> None:
+        size = len(data)
+        call.withheld += size
         if call.state in DECIDED:
-            self._credit(call, len(data))
+            self._consume(size)
             return
         try:
             messages = call.reader.feed(data)
         except MessageTooLarge as exc:
-            self._credit(call, len(data))
+            self._consume(size)
             self._conn.message_too_large(call, exc)
             return
-        call.withheld += len(data)
+        call.held += size
         call.last_progress = self._conn.now()
         if messages:
             call.messages.extend(messages)
             if call.rpc.stream is not None:
                 call.wake()
-        self._settle(call)
 
     def take(self, call: Call) -> Message:
         """The handler takes the call's oldest whole message: its bytes are no longer held."""
         message = call.messages.popleft()
         size = len(message.body) + 5
-        reserved = min(size, call.reserved)
-        if reserved:
-            call.reserved -= reserved
-            self.reserved -= reserved
-            self._budget.release(reserved)
-        withheld = size - reserved
-        call.withheld -= withheld
-        self._credit(call, withheld)
-        self._settle(call)
+        call.held -= size
+        self._consume(size)
+        self._return_stream_credit(call)
         self._conn.flush_soon()
         return message
 
     def release(self, call: Call) -> None:
-        """``call`` is closed: its bytes are dropped and their credit returned."""
-        self._budget.forget(call)
-        if call.reserved:
-            self.reserved -= call.reserved
-            self._budget.release(call.reserved)
-            call.reserved = 0
-        if call.withheld:
-            self._credit(None, call.withheld)
-            call.withheld = 0
+        """``call`` is closed: its bytes are dropped."""
+        self._consume(call.held)
+        call.held = call.withheld = 0
         call.messages.clear()
 
-    def _settle(self, call: Call) -> None:
-        """Return the credit of withheld bytes if nothing holds it back."""
-        withheld = call.withheld
-        if not withheld or call.state in DECIDED:
+    def _return_stream_credit(self, call: Call) -> None:
+        if not call.withheld or call.state is not CallState.OPEN:
             return
-        if call.messages and call.rpc.stream is not None:
-            return  # the handler's pace sets the peer's: credit comes back on ``take``
-        if self.reserved + withheld > self._limit or not self._budget.reserve(withheld):
-            self._budget.wait(call, lambda: self._retry(call))
+        if call.messages:
+            # A whole message waits for its handler (or, for a unary call, for END_STREAM,
+            # which needs no credit): the handler's pace sets the peer's.
             return
-        self.reserved += withheld
-        call.reserved += withheld
+        increment = call.recv_window.consume(call.withheld)
         call.withheld = 0
-        self._credit(call, withheld)
+        if increment:
+            self._conn.outbox.out.append(window_update(call.stream_id, increment))
 
-    def _retry(self, call: Call) -> None:
-        if self._conn.calls.get(call.stream_id) is call:
-            self._settle(call)
-            self._conn.flush_soon()
-
-    def _credit(self, call: Call | None, count: int) -> None:
+    def _consume(self, count: int) -> None:
         if not count:
             return
-        out = self._conn.outbox.out
-        if call is not None and call.state is CallState.OPEN:
-            increment = call.recv_window.consume(count)
-            if increment:
-                out.append(window_update(call.stream_id, increment))
-        increment = self.window.consume(count)
-        if increment:
-            out.append(window_update(0, increment))
+        self.held -= count
+        self.reserved -= count
+        self._budget.release(count)
+        self._grant()
+
+    def _grant(self) -> None:
+        """Top the peer's credit back up to the window, as far as the budget allows, once
+        it has used half (one WINDOW_UPDATE per half window, not one per message); a peer
+        that keeps using its window gets a larger one, up to the target."""
+        outstanding = self.window.available
+        if outstanding > self._size // 2 or self._conn.closed:
+            return
+        if self._granted_once:
+            self._size = min(self._size * 2, self._target)
+        self._granted_once = True
+        room = min(self._size - outstanding, self._limit - self.reserved, self._budget.room())
+        if room <= 0:
+            self._budget.wait(self, self._retry)
+            return
+        self._budget.take(room)
+        self.reserved += room
+        self.window.available += room
+        self._conn.outbox.out.append(window_update(0, room))
+
+    def _retry(self) -> None:
+        self._grant()
+        self._conn.flush_soon()

@@ -14,7 +14,9 @@ from tritium.frontends.grpc.http2 import (
     FRAME_HEADER,
     Chunk,
     FrameType,
+    H2Error,
     frame,
+    rst_stream,
 )
 from tritium.frontends.grpc.windows import SendWindow
 from tritium.frontends.grpc.wire import RESPONSE_HEADERS
@@ -62,6 +64,12 @@ class Outbox:
             return
         self.out.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, call.stream_id, block))
         self._flushed(call)
+
+    def answer_only(self, stream_id: int, ended: bool, block: bytes) -> None:
+        """A complete answer to a stream that never becomes a call."""
+        self.out.append(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, stream_id, block))
+        if not ended:
+            self.out.append(rst_stream(stream_id, H2Error.NO_ERROR))
 
     def drop(self, call: Call) -> None:
         call.pending.clear()

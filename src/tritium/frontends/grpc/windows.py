@@ -65,17 +65,26 @@ class RecvWindow:
 
 
 class ByteBudget:
-    """Request bytes the whole server may hold at once in messages still arriving.
+    """Request bytes the whole server may have coming at it or held at once.
 
-    A message reserves its announced size before its bytes are credited; when the budget is
-    spent, the reservation waits (its stream's credit is withheld, so its peer stalls) and is
-    retried, oldest first, as other messages release theirs.
+    A connection reserves credit here before it grants it to its peer, and keeps it reserved
+    while the bytes sent against it are held; it is released as they are consumed. So the
+    bytes all peers can make the server hold never exceed ``limit`` (plus the 64 KiB that
+    HTTP/2 grants every connection before the server says anything). A connection that finds
+    the budget spent waits, and is retried, oldest first, as others release.
     """
 
     def __init__(self, limit: int):
         self.limit = limit
         self.held = 0
         self._waiting: dict[object, Callable[[], None]] = {}
+
+    def room(self) -> int:
+        return max(0, self.limit - self.held)
+
+    def take(self, count: int) -> None:
+        """Count ``count`` bytes as held, whether or not there was room."""
+        self.held += count
 
     def reserve(self, count: int) -> bool:
         if self.held + count > self.limit:
@@ -87,10 +96,10 @@ class ByteBudget:
         self.held -= count
         if self._waiting:
             for key, retry in list(self._waiting.items()):
-                if self._waiting.pop(key, None) is not None:
-                    retry()
                 if self.held >= self.limit:
                     break
+                if self._waiting.pop(key, None) is not None:
+                    retry()
 
     def wait(self, key: object, retry: Callable[[], None]) -> None:
         """Call ``retry`` once bytes are released (``retry`` may call ``wait`` again)."""
