@@ -124,7 +124,7 @@ def _plan_inputs(
                 )
             _check_raw_size(item.name, datatype, shape, count, raw[index])
             planned[item.name] = functools.partial(
-                tensor_from_raw, item.name, datatype, shape, raw[index])
+                _tensor_from_checked_raw, item.name, datatype, shape, count, raw[index])
         else:
             values = _typed_values(item.name, datatype, shape, count, item.contents)
             planned[item.name] = functools.partial(
@@ -154,6 +154,11 @@ def tensor_from_raw(name: str, datatype: DataType, shape: tuple[int, ...], raw: 
     """A tensor viewing ``raw`` (row-major little-endian, or length-prefixed BYTES)."""
     count = element_count(name, shape)
     _check_raw_size(name, datatype, shape, count, raw)
+    return _tensor_from_checked_raw(name, datatype, shape, count, raw)
+
+
+def _tensor_from_checked_raw(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
+                             raw: bytes) -> Tensor:
     data = array_from_binary(raw, datatype, count, f"for input '{name}'")
     return Tensor(name, datatype, shape, data.reshape(shape))
 

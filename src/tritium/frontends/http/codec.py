@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import math
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from tritium.frontends.http.tensor_data import (
     flatten_json,
     json_pieces_of,
     json_values,
+    refuse_half_floats,
 )
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -327,7 +329,10 @@ def _plan_input(
 
 def _decode_input(plan: _PlannedInput, limit: int) -> Tensor:
     if plan.chunk is not None:
-        return _tensor_from_binary(plan.label, plan.datatype, plan.shape, plan.count, plan.chunk)
+        label = plan.label
+        # Zero-copy for fixed-size types: the array is a view of the request body.
+        data = array_from_binary(plan.chunk, plan.datatype, plan.count, label.where, label.prefix)
+        return Tensor(label.name, plan.datatype, plan.shape, data.reshape(plan.shape))
     return _tensor_from_json(plan.label.name, plan.datatype, plan.shape, plan.data, limit)
 
 
@@ -462,6 +467,36 @@ def encode_infer_response(
     The model version and, for classification, ``batched`` (whether the first dimension is
     the batch) and ``labels`` (each output's class labels) come from ``response.served_by``.
     """
+    return _assemble(*_encode(response, request))
+
+
+def stream_infer_response(
+    response: InferenceResponse, request: InferenceRequest
+) -> tuple[list[tuple[str, str]], list[Part] | Iterator[Part]]:
+    """As ``encode_infer_response``, except that when a big output goes as JSON the body is
+    an iterator that makes its text as the body is sent, so that it is never all in memory.
+    Not when binary outputs follow (their offset, the JSON's length, is needed up front),
+    nor for BYTES (checked for UTF-8 only as they are written: too late for an error)."""
+    header, spliced, blobs = _encode(response, request)
+    if spliced.empty or blobs or spliced.has_bytes:
+        return _assemble(header, spliced, blobs)
+    return [("Content-Type", JSON_CONTENT_TYPE)], spliced.join(header)
+
+
+def _assemble(header: bytes, spliced: _Spliced, blobs: list[Part]
+              ) -> tuple[list[tuple[str, str]], list[Part]]:
+    parts = [header] if spliced.empty else list(spliced.join(header))
+    if blobs:
+        size = sum(map(len, parts))
+        headers = [("Content-Type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(size))]
+    else:
+        headers = [("Content-Type", JSON_CONTENT_TYPE)]
+    return headers, [*parts, *blobs]
+
+
+def _encode(
+    response: InferenceResponse, request: InferenceRequest
+) -> tuple[bytes, _Spliced, list[Part]]:
     options = request.frontend_state
     if not isinstance(options, HttpOutputOptions):
         options = _JSON_OUTPUTS
@@ -484,13 +519,7 @@ def encode_infer_response(
             tensor = classify(tensor, classes, served is not None and served.batched,
                               None if served is None else served.labels)
         entries.append(_output_entry(tensor, binary, blobs, spliced))
-    header = spliced.join(_dump_header(_response_header(response, request, entries)))
-    if blobs:
-        size = sum(map(len, header))
-        headers = [("Content-Type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(size))]
-    else:
-        headers = [("Content-Type", JSON_CONTENT_TYPE)]
-    return headers, [*header, *blobs]
+    return _dump_header(_response_header(response, request, entries)), spliced, blobs
 
 
 def _listed_outputs(request: InferenceRequest) -> dict[str, dict[str, ParamValue]] | None:
@@ -530,31 +559,37 @@ class _Spliced:
     place of a marker: no list of every element as Python objects, and no GIL held for
     longer than a slice takes."""
 
-    __slots__ = ("_data", "_marker")
+    __slots__ = ("_marker", "_tensors")
 
     def __init__(self) -> None:
         self._marker = ""
-        self._data: list[list[Part]] = []
+        self._tensors: list[Tensor] = []
+
+    @property
+    def empty(self) -> bool:
+        return not self._tensors
+
+    @property
+    def has_bytes(self) -> bool:
+        return any(tensor.datatype is DataType.BYTES for tensor in self._tensors)
 
     def add(self, tensor: Tensor) -> str:
+        refuse_half_floats(tensor.datatype)
         if not self._marker:
             self._marker = "\x00tritium-data:" + secrets.token_hex(8)
-        self._data.append(json_pieces_of(tensor))
+        self._tensors.append(tensor)
         return self._marker
 
-    def join(self, header: bytes) -> list[Part]:
-        if not self._data:
-            return [header]
+    def join(self, header: bytes) -> Iterator[Part]:
+        """The header with each marker replaced by its tensor's data, piece by piece."""
         marker = orjson.dumps(self._marker)
-        parts: list[Part] = []
         start = 0
-        for pieces in self._data:
+        for tensor in self._tensors:
             at = header.index(marker, start)
-            parts.append(header[start:at])
-            parts.extend(pieces)
+            yield header[start:at]
+            yield from json_pieces_of(tensor)
             start = at + len(marker)
-        parts.append(header[start:])
-        return parts
+        yield header[start:]
 
 
 def _output_entry(

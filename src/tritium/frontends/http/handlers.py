@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import orjson
@@ -148,10 +148,15 @@ class HttpApi:
         response = await self._run(exchange, request, self.service.infer)
         if response is None:
             return
-        out_headers, parts = await _coded(functools.partial(
-            _encode_infer, response, request, headers.get("accept-encoding")),
-            offload.response_bytes(response))
-        exchange.respond(200, out_headers, parts)
+        accept = headers.get("accept-encoding")
+        if not offload.heavy(offload.response_bytes(response)):
+            exchange.respond(200, *_encode_infer(response, request, accept))
+            return
+        out_headers, parts = await offload.run(codec.stream_infer_response, response, request)
+        if isinstance(parts, list):
+            exchange.respond(200, *await offload.run(_compressed, out_headers, parts, accept))
+        else:
+            await _send_pieces(exchange, out_headers, parts)
 
     def _decode_infer(self, body: bytes, header_length: int | None, model: ModelHandle,
                       version: int | None) -> InferenceRequest:
@@ -249,11 +254,45 @@ async def _coded(work: Callable[[], T], size: int) -> T:
 
 def _encode_infer(response: InferenceResponse, request: InferenceRequest,
                   accept_encoding: str | None) -> tuple[list[tuple[str, str]], list[BodyPart]]:
-    headers, parts = codec.encode_infer_response(response, request)
+    return _compressed(*codec.encode_infer_response(response, request), accept_encoding)
+
+
+def _compressed(headers: list[tuple[str, str]], parts: list[BodyPart],
+                accept_encoding: str | None) -> tuple[list[tuple[str, str]], list[BodyPart]]:
     encoding, parts = compression.compress_response(parts, accept_encoding)
     if encoding is not None:
         headers = [*headers, ("Content-Encoding", encoding)]
     return headers, parts
+
+
+# Pieces of a streamed body gathered into one chunk; with the transport's write buffer,
+# what a streamed response holds at once.
+_CHUNK_BYTES = 1 << 20
+
+
+async def _send_pieces(exchange: HttpExchange, headers: list[tuple[str, str]],
+                       pieces: Iterator[BodyPart]) -> None:
+    """A body made as it is sent (chunked, uncompressed), each chunk on a codec thread, at
+    the pace the client reads it."""
+    exchange.start_stream(200, headers)
+    while not exchange.disconnected:
+        chunk = await offload.run(_gather, pieces)
+        if not chunk:
+            exchange.end_stream()
+            return
+        exchange.write_chunk(chunk)
+        await exchange.wait_writable()
+
+
+def _gather(pieces: Iterator[BodyPart]) -> bytes:
+    gathered: list[BodyPart] = []
+    size = 0
+    for piece in pieces:
+        gathered.append(piece)
+        size += len(piece)
+        if size >= _CHUNK_BYTES:
+            break
+    return b"".join(gathered)
 
 
 def _model(match: Match) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,11 +107,12 @@ def json_values(tensor: Tensor) -> list[Any]:
     """The tensor's elements as a flat JSON array (BYTES as UTF-8 text)."""
     if tensor.datatype is DataType.BYTES:
         return [_text(tensor.name, element) for element in bytes_elements(tensor.data)]
-    _refuse_half(tensor.datatype)
+    refuse_half_floats(tensor.datatype)
     return wire_array(tensor).reshape(-1).tolist()
 
 
-def _refuse_half(datatype: DataType) -> None:
+def refuse_half_floats(datatype: DataType) -> None:
+    """JSON has no FP16 or BF16 form: INVALID_ARG for them."""
     if datatype is DataType.FP16 or datatype is DataType.BF16:
         raise invalid(
             f"sending {datatype.wire} data via JSON is not supported. Please use the "
@@ -118,22 +120,22 @@ def _refuse_half(datatype: DataType) -> None:
         )
 
 
-def json_pieces_of(tensor: Tensor) -> list[Part]:
-    """``orjson.dumps(json_values(tensor))`` in pieces of SLICE elements each, so that no
-    one call holds the GIL long and the whole tensor never exists as Python objects."""
+def json_pieces_of(tensor: Tensor) -> Iterator[Part]:
+    """``orjson.dumps(json_values(tensor))`` in pieces of SLICE elements each, made as they
+    are asked for: no one call holds the GIL long, and the whole tensor never exists as
+    Python objects (nor, when the pieces are sent as they come, as JSON text)."""
     flat = tensor.data.reshape(-1)
     if tensor.datatype is not DataType.BYTES:
-        _refuse_half(tensor.datatype)
+        refuse_half_floats(tensor.datatype)
         flat = wire_array(Tensor(tensor.name, tensor.datatype, (flat.size,), flat))
-    pieces: list[Part] = [b"["]
+    yield b"["
     for start in range(0, flat.size, SLICE):
         part = flat[start : start + SLICE]
         values = json_values(Tensor(tensor.name, tensor.datatype, (part.size,), part))
         if start:
-            pieces.append(b",")
-        pieces.append(memoryview(orjson.dumps(values))[1:-1])
-    pieces.append(b"]")
-    return pieces
+            yield b","
+        yield memoryview(orjson.dumps(values))[1:-1]
+    yield b"]"
 
 
 def _text(name: str, element: bytes) -> str:
