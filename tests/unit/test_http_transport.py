@@ -1024,7 +1024,8 @@ def test_a_pipelining_client_that_never_reads_holds_a_bounded_write_buffer(
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
                 sock.setblocking(False)
                 await loop.sock_connect(sock, ("127.0.0.1", server.port))
-                await wait_for_condition(lambda: server.active_connections() == 1)
+                await wait_for_condition(
+                    lambda: any(c.connected for c in server._connections.members))
                 (conn,) = server._connections.members
                 conn.transport.get_extra_info("socket").setsockopt(
                     socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
@@ -1104,3 +1105,34 @@ def test_close_when_idle_closes_each_connection_once_its_work_is_done(run: Runne
             busy_writer.close()
 
     run(scenario())
+
+
+def test_a_burst_of_connections_does_not_pass_the_cap_together(run: Runner) -> None:
+    async def scenario() -> None:
+        async with serving(echo, max_connections=4) as server:
+            # All ten handshakes complete before the server accepts any of them.
+            burst = await asyncio.gather(*(connect(server) for _ in range(10)))
+            statuses = []
+            for reader, writer in burst:
+                writer.write(request_bytes(body=b"x"))
+                statuses.append((await read_response(reader)).status)
+                writer.close()
+            assert sorted(statuses) == [200] * 4 + [503] * 6
+
+    run(scenario())
+
+
+def test_a_connection_that_never_connects_stops_counting() -> None:
+    async def scenario() -> None:
+        connections = OpenConnections(cap=8)
+        conn = HttpConnection(echo, HttpLimits(header_timeout_s=10.0), connections)
+        assert len(connections) == 1  # counted as soon as the listener made it
+        conn.check_timeouts(connections.now + 10.0)
+        assert len(connections) == 1
+        conn.check_timeouts(connections.now + 11.0)
+        assert len(connections) == 0
+        transport = FakeTransport()
+        conn.connection_made(transport)  # too late: refused
+        assert transport.aborted
+
+    asyncio.run(scenario())

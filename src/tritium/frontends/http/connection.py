@@ -47,6 +47,10 @@ class HttpConnection(RequestReader):
         self._writable: asyncio.Future[None] | None = None
         self._lost = False
         self._finished = False
+        # Counted from the moment it is made, not from connection_made: a burst of accepts
+        # (or of TLS handshakes) must not pass the listener's cap together.
+        self._connected = False
+        connections.add(self)
         self.closing = False  # the response being written is the last one
         self._reading_paused = False
         self._continue_wanted = False
@@ -55,7 +59,9 @@ class HttpConnection(RequestReader):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self._connections.add(self)
+        if self._lost:  # given up on before it connected (see check_timeouts)
+            self.transport.abort()
+        self._connected = True
 
     def eof_received(self) -> bool:
         # A FIN, whether from close() or shutdown(SHUT_WR): the client is leaving. Tell the
@@ -249,7 +255,10 @@ class HttpConnection(RequestReader):
         if self._lost:
             return
         pacing = self.pacing
-        if self._writable is not None and pacing.send_stalled(
+        if not self._connected:
+            if pacing.never_connected(now):  # its TLS handshake failed, say
+                self._give_up()
+        elif self._writable is not None and pacing.send_stalled(
                 now, self.transport.get_write_buffer_size()):
             logger.info("closing an HTTP connection whose peer has not read its response for "
                         "%g s (--http-send-timeout-secs)", self._limits.send_timeout_s)
@@ -276,8 +285,19 @@ class HttpConnection(RequestReader):
         """Close the connection if no request is being served, queued or received."""
         if self._lost or self._busy():
             return
-        if self._phase is Phase.IDLE or self._discard_input:  # idle, or done with input
+        if not self._connected:
+            self._give_up()
+        elif self._phase is Phase.IDLE or self._discard_input:  # idle, or done with input
             self.close()
+
+    def _give_up(self) -> None:
+        """Stop counting a connection that never got its transport; it is refused if it does."""
+        self._lost = True
+        self._maybe_finish()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
 
     @property
     def reading_paused(self) -> bool:

@@ -11,6 +11,9 @@ from tritium.frontends.http.limits import HttpLimits
 # After a rejection the connection is half-closed and drained this long at most, so the
 # answer is read before the close (a close with unread input resets the connection).
 LINGER_S = 2.0
+# A connection accepted but never handed its transport is given up after the header timeout
+# (which bounds TLS handshakes too) and this much more.
+CONNECT_GRACE_S = 1.0
 
 
 class Pacing:
@@ -31,6 +34,9 @@ class Pacing:
         self._linger_since: float | None = None
 
     # -- the peer sending ------------------------------------------------------------------
+
+    def never_connected(self, now: float) -> bool:
+        return now - self.waiting_since >= self._limits.header_timeout_s + CONNECT_GRACE_S
 
     def idle_too_long(self, now: float) -> bool:
         return now - self.waiting_since >= self._limits.keepalive_timeout_s
