@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Any
 
@@ -14,7 +15,7 @@ from tritium.core.model import IndexEntry, ModelMetadata, ModelState, TensorMeta
 from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
 from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.serialization import split_length_prefixed
-from tritium.core.types import DataType, Tensor
+from tritium.core.types import DataType, Tensor, TensorSpec
 from tritium.frontends.grpc import codec
 from tritium.frontends.grpc.status import grpc_status
 
@@ -448,3 +449,58 @@ def test_serialized_classification_matches_the_message() -> None:
                                  served_by=served)
     wire = b"".join(codec.encode_infer_response(response, request))
     assert wire == codec.infer_response_message(response, request).SerializeToString()
+
+
+# ------------------------------------------------------------- checks before decoding
+
+
+@dataclasses.dataclass
+class Model:
+    """What the codec's checks read of a ModelHandle."""
+
+    name: str = "m"
+    max_batch_size: int = 0
+    inputs: dict[str, TensorSpec] = dataclasses.field(default_factory=lambda: {
+        "INPUT0": TensorSpec("INPUT0", DataType.FP32, (-1,))})
+
+
+def test_inputs_are_checked_against_the_model_before_any_data_is_decoded() -> None:
+    # Malformed BYTES data: the datatype error comes first, so it was never split.
+    message = raw_message("BYTES", [3], b"\x01\x00")
+    with pytest.raises(TritiumError, match="data-type is 'BYTES', but model 'm' expects"):
+        codec.decode_infer_request(message, Model())
+    message = raw_message("FP32", [2], b"\x00" * 8)
+    message.inputs[0].name = "OTHER"
+    with pytest.raises(TritiumError, match="unexpected inference input 'OTHER'"):
+        codec.decode_infer_request(message, Model())
+
+
+@pytest.mark.parametrize("shape, text", [
+    ([1] * 65, "has 65 dimensions, more than the 64 allowed"),
+    ([2**31, 2**31, 2**31], "more elements than a tensor can"),
+])
+def test_absurd_shapes_are_invalid(shape: list[int], text: str) -> None:
+    expect_error(ErrorCode.INVALID_ARG, raw_message("FP32", shape, b""), text)
+    message = infer_message()
+    message.inputs.add(name="INPUT0", datatype="FP32", shape=shape)
+    expect_error(ErrorCode.INVALID_ARG, message, text)
+
+
+def test_long_typed_contents_are_converted_in_slices() -> None:
+    values = np.arange(200_001, dtype=np.int32) % 60_000 - 30_000
+    message = infer_message()
+    item = message.inputs.add(name="INPUT0", datatype="INT16", shape=[values.size])
+    item.contents.int_contents.extend(values.tolist())
+    tensor = codec.decode_infer_request(message).inputs["INPUT0"]
+    assert tensor.data.dtype == np.int16 and tensor.data.tolist() == values.tolist()
+    item.contents.int_contents[150_000] = 1 << 20
+    expect_error(ErrorCode.INVALID_ARG, message, "out of range for INT16")
+
+
+def test_request_bytes_counts_raw_and_typed_data() -> None:
+    message = raw_message("FP32", [4], b"\x00" * 16)
+    assert codec.request_bytes(message) == 16
+    typed = infer_message()
+    typed.inputs.add(name="INPUT0", datatype="FP32", shape=[3]).contents.fp32_contents.extend(
+        [1.0, 2.0, 3.0])
+    assert codec.request_bytes(typed) == 24

@@ -627,3 +627,106 @@ def test_compressed_response_reads_back_in_tritonclient() -> None:
         )
         assert result.as_numpy("A").tolist() == [1.5, 2.5]
     assert compress_response(parts, None) == (None, parts)
+
+
+# ------------------------------------------------------------- big requests and responses
+
+
+@dataclasses.dataclass
+class Model:
+    """What the codec's checks read of a ModelHandle."""
+
+    name: str = "m"
+    max_batch_size: int = 0
+    inputs: dict[str, TensorSpec] = dataclasses.field(default_factory=lambda: {
+        "x": TensorSpec("x", DataType.FP32, (-1,))})
+
+
+def test_inputs_are_checked_against_the_model_before_any_data_is_decoded() -> None:
+    # Malformed BYTES data: the datatype error comes first, so it was never split.
+    header = orjson.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "BYTES",
+                                       "parameters": {"binary_data_size": 2}}]})
+    with pytest.raises(TritiumError, match="data-type is 'BYTES', but model 'm' expects"):
+        decode_infer_request(header + b"\x01\x00", len(header), "m", None, model=Model())
+    for item, message in [
+        ({"name": "y", "shape": [1], "datatype": "FP32", "data": [1]}, "unexpected inference"),
+        ({"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}, "unexpected shape"),
+    ]:
+        with pytest.raises(TritiumError, match=message):
+            decode_infer_request(orjson.dumps({"inputs": [item]}), None, "m", None,
+                                 model=Model())
+    batched = Model(max_batch_size=2)
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [3, 1], "datatype": "FP32",
+                                     "data": [1, 2, 3]}]})
+    with pytest.raises(TritiumError, match="batch-size must be <= 2"):
+        decode_infer_request(body, None, "m", None, model=batched)
+
+
+@pytest.mark.parametrize("shape, message", [
+    ([1] * 65, "has 65 dimensions, more than the 64 allowed"),
+    ([2**31, 2**31, 2**31], "more elements than a tensor can"),
+    ([0, 2**40, 2**40], "more elements than a tensor can"),
+])
+def test_absurd_shapes_are_invalid(shape: list[int], message: str) -> None:
+    for doc in ({"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": []}]},
+                {"inputs": [{"name": "x", "shape": shape, "datatype": "FP32",
+                             "parameters": {"binary_data_size": 0}}]}):
+        expect_invalid(message, decode_json, doc)
+
+
+def test_json_byte_size_is_checked_before_the_data_is_converted() -> None:
+    # Nested data is only counted once flattened: the size from the shape refuses it first.
+    doc = {"inputs": [{"name": "x", "shape": [2**40], "datatype": "FP32", "data": [[1]]}]}
+    expect_invalid("has a byte_size", decode_json, doc)
+
+
+def test_big_json_bodies_are_parsed_in_bounded_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritium.frontends.http import json_pieces
+
+    sizes: list[int] = []
+    real = json_pieces._loads
+
+    def recording(text: bytes) -> Any:
+        sizes.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(json_pieces, "_loads", recording)
+    values = list(range(400_000))
+    body = orjson.dumps({"id": "big", "inputs": [
+        {"name": "x", "shape": [len(values)], "datatype": "INT32", "data": values},
+        {"name": "y", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3, 4]]}]})
+    request = decode_infer_request(body, None, "m", None)
+    assert len(sizes) > 4 and max(sizes) < json_pieces.PIECE + 1024
+    assert request.id == "big" and request.inputs["x"].data.tolist() == values
+    assert request.inputs["y"].data.tolist() == [[1, 2], [3, 4]]
+
+
+def test_big_json_outputs_match_the_small_path_and_can_be_streamed() -> None:
+    from tritium.frontends.http.codec import stream_infer_response
+
+    values = np.linspace(-1, 1, 100_003, dtype=np.float32)
+    small = InferenceResponse(outputs=[tensor("A", values[:5])])
+    big = InferenceResponse(outputs=[tensor("A", values), tensor("B", values[:3])])
+    request = outputs_request({})
+    headers, parts = encode(big, request, "m", 1)
+    body = b"".join(bytes(part) for part in parts)
+    assert orjson.loads(body)["outputs"][0]["data"] == values.tolist()
+    expected = orjson.dumps({"model_name": "m", "model_version": "1", "outputs": [
+        {"name": "A", "datatype": "FP32", "shape": [values.size], "data": values.tolist()},
+        {"name": "B", "datatype": "FP32", "shape": [3], "data": values[:3].tolist()}]})
+    assert body == expected and headers == [("Content-Type", JSON_CONTENT_TYPE)]
+    big.served_by = ServedBy("m", 1, False, {})
+    streamed_headers, pieces = stream_infer_response(big, request)
+    assert not isinstance(pieces, list) and streamed_headers == headers
+    assert b"".join(bytes(piece) for piece in pieces) == expected
+    small.served_by = big.served_by
+    assert isinstance(stream_infer_response(small, request)[1], list)
+
+
+def test_big_half_float_outputs_are_refused_before_streaming() -> None:
+    from tritium.frontends.http.codec import stream_infer_response
+
+    response = InferenceResponse(outputs=[tensor("H", np.zeros(100_000, dtype=np.float16))],
+                                 served_by=ServedBy("m", 1, False, {}))
+    expect_invalid("FP16 data via JSON is not supported", stream_infer_response, response,
+                   outputs_request({}))

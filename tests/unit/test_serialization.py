@@ -14,6 +14,7 @@ from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
 from tritium.core.serialization import (
     array_from_binary,
     bytes_array,
+    bytes_from_binary,
     serialize_bytes,
     split_length_prefixed,
     tensor_bytes,
@@ -100,3 +101,33 @@ def test_reserved_keys() -> None:
     for key, also in [("triton_x", frozenset[str]()), ("headers", frozenset({"headers"}))]:
         with pytest.raises(TritiumError, match="reserved for Triton usage"):
             refuse_reserved(key, also)
+
+
+# ------------------------------------------------------------------ BYTES at scale
+
+
+def test_runs_of_equal_sizes_keep_every_byte() -> None:
+    elements = [b"\x00ab\x00"] * 5000 + [b""] * 7000 + [b"x"] + [b"12345678"] * 3000
+    raw = serialize_bytes(np.array(elements, dtype=object))
+    assert bytes_from_binary(raw, len(elements), "x").tolist() == elements
+    assert bytes_from_binary(memoryview(raw), len(elements), "x").tolist() == elements
+
+
+def test_mixed_sizes_split_as_one_by_one() -> None:
+    elements = [b"x" * (i % 3) for i in range(10_000)]
+    raw = serialize_bytes(np.array(elements, dtype=object))
+    assert split_length_prefixed(raw, len(elements), "x") == elements
+    with pytest.raises(TritiumError, match="expected 10001 string elements for input 'x', "
+                                           "got 10000"):
+        bytes_from_binary(raw, 10_001, "for input 'x'")
+
+
+def test_a_count_the_data_cannot_hold_is_refused_without_allocating() -> None:
+    with pytest.raises(TritiumError, match="expected 1099511627776 string elements x, got 2"):
+        bytes_from_binary(struct.pack("<II", 0, 0), 2**40, "x")
+
+
+def test_a_flood_of_empty_elements_is_split_at_vector_speed() -> None:
+    count = 4_000_000
+    array = bytes_from_binary(bytes(4 * count), count, "x")
+    assert array.shape == (count,) and array[0] == b"" and array[-1] == b""
