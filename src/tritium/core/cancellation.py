@@ -115,9 +115,10 @@ class Cancellation:
         for parent in parents:
             if parent._loop is not loop:
                 raise ValueError("a child cancellation must share its parents' event loop")
-        if all(parent.reason is not None for parent in parents):
+        last = parents[-1].reason
+        if last is not None and all(parent.reason is not None for parent in parents):
             # Synchronously, even off the loop: the child must not start as if alive.
-            child.cancel(reason or parents[-1].reason)  # type: ignore[arg-type]
+            child.cancel(reason or last)
             return child
         follow = child._follow = _Follow(child, tuple(parents), reason)
         follow.attach()
