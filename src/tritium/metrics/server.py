@@ -29,6 +29,7 @@ CLOSE_WAIT_S = 2.0
 # bare names, so the header lines are renamed to the names the samples use.
 _TOTAL_HEADER = re.compile(rb"^# (HELP|TYPE) (\w+)_total ", re.MULTILINE)
 _TEXT = [("Content-Type", "text/plain")]
+_EXPOSITION = [("Content-Type", CONTENT_TYPE_LATEST)]
 
 
 def render(registry: CollectorRegistry) -> bytes:
@@ -76,11 +77,16 @@ class MetricsServer:
     async def __call__(self, exchange: HttpExchange) -> None:
         request = exchange.request
         if request.path != "/metrics":
-            exchange.respond(404, _TEXT, b"Not Found")
+            status, headers, body = 404, _TEXT, b"Not Found"
         elif request.method != "GET":
-            exchange.respond(405, _TEXT, b"Method Not Allowed")
+            status, headers, body = 405, _TEXT, b"Method Not Allowed"
         else:
-            exchange.respond(200, [("Content-Type", CONTENT_TYPE_LATEST)], await self._render())
+            status, headers, body = 200, _EXPOSITION, await self._render()
+        exchange.respond(status, headers, body)
+        if log.isEnabledFor(logging.DEBUG):  # an access log, as at --log-verbose 1
+            query = f"?{request.query}" if request.query else ""
+            log.debug('metrics: "%s %s%s HTTP/%s" %d %d', request.method, request.path, query,
+                      request.http_version, status, len(body))
 
     async def _render(self) -> bytes:
         rendering = self._rendering
