@@ -1,4 +1,4 @@
-"""InferenceService.submit: what it refuses before a request reaches any model."""
+"""InferenceService.submit: what it refuses before a model sees a request; what it leaves."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from tritium.core.cancellation import Cancellation
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import InferenceRequest
+from tritium.core.request import AdmittedRequest, InferenceRequest, RequestStage
+from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.service import InferenceService
 
 
@@ -35,3 +36,48 @@ def test_cancellation_made_for_another_loop_is_refused() -> None:
         asyncio.run(main())
     finally:
         other.close()
+
+
+class AnswersAtOnce:
+    """One model version that answers each request it admits at once."""
+
+    name = "m"
+    version = 1
+    decoupled = False
+    max_batch_size = 0
+    inputs: dict[str, Any] = {}
+    outputs: dict[str, Any] = {}
+    served_by = ServedBy("m", 1, False, {})
+
+    def resolve(self, name: str, version: int | None) -> Any:
+        if name != "m":
+            raise TritiumError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}'")
+        return self
+
+    def enqueue(self, admitted: AdmittedRequest) -> None:
+        admitted.move_to(RequestStage.QUEUED)
+        # Later, as an instance would: the service finishes admitting first.
+        asyncio.get_running_loop().call_soon(admitted.stream.send_nowait, InferenceResponse())
+
+    def request_cancelled(self, admitted: AdmittedRequest) -> None:
+        pass
+
+    def request_finished(self, admitted: AdmittedRequest, error: TritiumError | None) -> None:
+        admitted.move_to(RequestStage.DONE)
+
+
+def test_finished_and_refused_requests_stop_following_their_parent() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        service = InferenceService(AnswersAtOnce(), loop)  # type: ignore[arg-type]
+        parent = Cancellation(loop)
+        finished, refused = parent.child(), parent.child()
+        response = await service.infer(InferenceRequest(model_name="m", inputs={}), finished)
+        assert response.served_by is AnswersAtOnce.served_by
+        with pytest.raises(TritiumError):
+            service.submit(InferenceRequest(model_name="other", inputs={}), refused)
+        assert parent._callbacks == [] and service.in_flight() == []
+        parent.cancel(CancelReason.CLIENT_DISCONNECTED)
+        assert not finished.is_cancelled() and not refused.is_cancelled()
+
+    asyncio.run(main())

@@ -126,6 +126,8 @@ class Cancellation:
 
     def detach(self) -> None:
         """Stop following parents (idempotent; a no-op for a cancellation without any)."""
+        if self._follow is None:
+            return  # set only before the cancellation is shared, so None stays None
         with _lock:
             follow, self._follow = self._follow, None
         if follow is not None:

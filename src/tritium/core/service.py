@@ -168,6 +168,10 @@ class InferenceService:
         (made for this service's loop); its responses arrive on the returned stream.
         ``internal``: made by a model (BLS), not a client, so admitted while draining.
 
+        The cancellation is this request's: once the request finished or was refused, it
+        stops following its parents (``Cancellation.detach``), so a long-lived parent
+        such as a gRPC stream keeps no callback per finished request.
+
         Raises TritiumError when the request is not admitted (nothing is queued then).
         """
         if cancellation.loop is not self.loop:
@@ -175,6 +179,14 @@ class InferenceService:
             raise TritiumError(
                 ErrorCode.INTERNAL, "a request's cancellation must be made for the server's loop"
             )
+        try:
+            return self._admit(request, cancellation, allow_decoupled, internal)
+        except BaseException:
+            cancellation.detach()
+            raise
+
+    def _admit(self, request: InferenceRequest, cancellation: Cancellation,
+               allow_decoupled: bool, internal: bool) -> ResponseStream:
         # A BLS child of a request that is still draining must be able to finish it.
         if not self.accepting and not internal:
             raise TritiumError(
@@ -204,6 +216,7 @@ class InferenceService:
             self._in_flight.discard(admitted)
             model.request_finished(admitted, stream.error)
             cancellation.remove_callback(on_cancel)
+            cancellation.detach()
 
         self._in_flight.add(admitted)
         stream.on_done = on_done
