@@ -134,6 +134,28 @@ def test_mixed_bytes_split_off_the_loop_http(
     assert_prompt(times)
 
 
+def test_a_flood_of_empty_bytes_elements_is_served_without_stalling_others(
+    server: TritiumProcess, grpc_identity: Callable[[], None]
+) -> None:
+    count = BODY_LIMIT // 4  # 15M empty strings: 13 s of the loop's time before the fix
+    header = json.dumps({
+        "inputs": [{"name": "INPUT0", "shape": [count], "datatype": "BYTES",
+                    "parameters": {"binary_data_size": 4 * count}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+
+    def send() -> requests.Response:
+        return http_post(server, "identity_bytes", header + bytes(4 * count),
+                         {"Inference-Header-Content-Length": str(len(header))})
+
+    with Hostile(send).running() as hostile:
+        times = latencies_while(hostile, grpc_identity)
+    response = hostile.result
+    assert response.status_code == 200, response.text[:300]
+    length = int(response.headers["inference-header-content-length"])
+    assert response.content[length:] == bytes(4 * count)
+    assert_prompt(times)
+
+
 def test_empty_bytes_for_a_model_without_bytes_inputs_refused_before_decoding(
     server: TritiumProcess, grpc_identity: Callable[[], None]
 ) -> None:

@@ -60,4 +60,12 @@ def _pool() -> ThreadPoolExecutor:
             _executor = ThreadPoolExecutor(
                 WORKERS, thread_name_prefix="tritium-codec", initializer=_initializer
             )
+            # Start every worker now: a thread started later, from the loop, waits for the
+            # GIL while a busy worker holds it.
+            for _ in range(WORKERS):
+                _executor.submit(_nothing)
         return _executor
+
+
+def _nothing() -> None:
+    pass

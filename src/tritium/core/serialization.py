@@ -149,10 +149,27 @@ def tensor_bytes(tensor: Tensor) -> bytes | memoryview:
 
 
 def serialize_bytes(data: np.ndarray) -> bytes:
-    """BYTES serialization of every element, row-major."""
+    """BYTES serialization of every element, row-major, a slice at a time (no one C call
+    over the whole tensor: see ``core.offload``)."""
+    flat = data.reshape(-1)
+    chunks = [_serialize_slice(_as_bytes(flat[start : start + SLICE].tolist()))
+              for start in range(0, flat.size, SLICE)]
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _serialize_slice(elements: list[bytes]) -> bytes:
+    sizes = set(map(len, elements))
+    if len(elements) > 16 and len(sizes) == 1:
+        # All one size (fixed-width strings, or all empty): laid out by numpy at once.
+        (size,) = sizes
+        rows = np.empty((len(elements), 4 + size), dtype=np.uint8)
+        rows[:, :4] = np.frombuffer(_LENGTH.pack(size), dtype=np.uint8)
+        if size:
+            rows[:, 4:] = np.frombuffer(b"".join(elements), dtype=np.uint8).reshape(-1, size)
+        return rows.tobytes()
     pack = _LENGTH.pack
     parts: list[bytes] = []
-    for element in bytes_elements(data):
+    for element in elements:
         parts.append(pack(len(element)))
         parts.append(element)
     return b"".join(parts)
@@ -160,15 +177,28 @@ def serialize_bytes(data: np.ndarray) -> bytes:
 
 def bytes_elements(data: np.ndarray) -> Iterator[bytes]:
     """Each element row-major as bytes: str as UTF-8, anything else as its str() in UTF-8."""
-    for element in data.reshape(-1).tolist():
-        if type(element) is bytes:
-            yield element
-        elif isinstance(element, str):
-            yield element.encode("utf-8")
-        elif isinstance(element, bytes | bytearray | memoryview):
-            yield bytes(element)
-        else:
-            yield str(element).encode("utf-8")
+    flat = data.reshape(-1)
+    for start in range(0, flat.size, SLICE):
+        yield from _as_bytes(flat[start : start + SLICE].tolist())
+
+
+def _as_bytes(elements: list[Any]) -> list[bytes]:
+    if set(map(type, elements)) <= _JUST_BYTES:
+        return elements
+    return [_element_bytes(element) for element in elements]
+
+
+_JUST_BYTES = frozenset((bytes,))
+
+
+def _element_bytes(element: Any) -> bytes:
+    if type(element) is bytes:
+        return element
+    if isinstance(element, str):
+        return element.encode("utf-8")
+    if isinstance(element, bytes | bytearray | memoryview):
+        return bytes(element)
+    return str(element).encode("utf-8")
 
 
 def wire_array(tensor: Tensor) -> np.ndarray:
