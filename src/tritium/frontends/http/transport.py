@@ -38,8 +38,8 @@ class OpenConnections:
             return False
         if not self._refusing:
             self._refusing = True
-            logger.warning("%s: %d connections open, the most allowed "
-                           "(--http-max-connections): refusing new ones", self._name, self.cap)
+            logger.warning("%s port: %d connections open, the most allowed: refusing new ones",
+                           self._name, self.cap)
         return True
 
     def add(self, conn: HttpConnection) -> None:
@@ -49,7 +49,7 @@ class OpenConnections:
         self.members.discard(conn)
         if self._refusing and len(self.members) < self.cap:
             self._refusing = False
-            logger.info("%s: accepting connections again", self._name)
+            logger.info("%s port: accepting connections again", self._name)
 
     def __len__(self) -> int:
         return len(self.members)
@@ -132,7 +132,7 @@ class HttpServer:
 
 async def start_http_server(app: App, host: str, port: int, limits: HttpLimits, *,
                             ssl_context: ssl.SSLContext | None = None,
-                            name: str = "HTTP") -> HttpServer:
+                            name: str = "HTTP (--http-max-connections)") -> HttpServer:
     """Listen on ``host:port`` (0: any free port) and serve every request with ``app``
     (over TLS when ``ssl_context`` is given)."""
     connections = OpenConnections(limits.connection_cap(), name)
