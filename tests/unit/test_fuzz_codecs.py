@@ -8,7 +8,7 @@ import json
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
 from tritium.core.serialization import bytes_from_binary, serialize_bytes
 from tritium.core.types import DataType, TensorSpec
@@ -42,16 +43,16 @@ class FakeModel:
     outputs: dict[str, TensorSpec] = field(default_factory=dict)
 
 
-MODELS = [
+MODELS = [cast(ModelHandle, model) for model in (
     FakeModel(inputs={"x": TensorSpec("x", DataType.FP32, (-1,))},
               outputs={"y": TensorSpec("y", DataType.FP32, (-1,))}),
     FakeModel(max_batch_size=4, inputs={
         "x": TensorSpec("x", DataType.BYTES, (2,)),
         "z": TensorSpec("z", DataType.INT8, (-1, 3), optional=True, reshape=(3, -1))}),
-]
+)]
 
 
-def outcome(decode: Callable[[], InferenceRequest], model: FakeModel | None = None) -> None:
+def outcome(decode: Callable[[], InferenceRequest], model: ModelHandle | None = None) -> None:
     """Run a decode (and validation against ``model``); only client errors may escape."""
     try:
         request = decode()
@@ -161,7 +162,7 @@ def test_http_decode_of_arbitrary_bytes(body: bytes, header_length: int | None) 
 @FUZZ
 @given(infer_documents(), st.sampled_from([None, *MODELS]), st.booleans())
 def test_http_decode_of_documents(document: tuple[dict[str, Any], bytes],
-                                  model: FakeModel | None, header: bool) -> None:
+                                  model: ModelHandle | None, header: bool) -> None:
     doc, binary = document
     text = json.dumps(doc).encode()
     length = len(text) if header or binary else None
@@ -183,7 +184,7 @@ def test_http_raw_binary_decode(body: bytes, datatype: DataType, dims: list[int]
 @FUZZ
 @given(json_values | st.dictionaries(st.sampled_from(["x", "text", "parameters", "id"]),
                                      json_values, max_size=4), st.sampled_from(MODELS))
-def test_generate_decode(doc: Any, model: FakeModel) -> None:
+def test_generate_decode(doc: Any, model: ModelHandle) -> None:
     body = json.dumps(doc).encode()
     outcome(lambda: generate.decode_generate_request(body, model, None),
             model)
@@ -293,7 +294,8 @@ def _fill_parameter(draw: st.DrawFn, param: Any) -> None:
 
 @FUZZ
 @given(infer_messages(), st.sampled_from([None, *MODELS]))
-def test_grpc_decode_of_messages(message: pb.ModelInferRequest, model: FakeModel | None) -> None:
+def test_grpc_decode_of_messages(message: pb.ModelInferRequest,
+                                 model: ModelHandle | None) -> None:
     outcome(lambda: grpc_codec.decode_infer_request(message, model),
             model)
 

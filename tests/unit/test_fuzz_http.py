@@ -10,14 +10,14 @@ import json
 import logging
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.model import IndexEntry, ModelState
+from tritium.core.model import IndexEntry, ModelRepository, ModelState
 from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.service import InferenceService
 from tritium.core.statistics import ModelStatistics
@@ -33,10 +33,11 @@ FUZZ = settings(max_examples=120, deadline=None, database=None,
 LIMITS = HttpLimits(max_header_bytes=4096, max_body_bytes=1 << 16, max_chunks=64)
 
 
-class FakeTransport:
+class FakeTransport(asyncio.Transport):
     """Keeps what the connection writes."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.written = bytearray()
         self.closed = False
 
@@ -220,7 +221,8 @@ def run(app_name: str, chunks: list[bytes]) -> list[int]:
     async def scenario() -> bytes:
         loop = asyncio.get_running_loop()
         app: App = echo if app_name == "echo" else HttpApi(
-            InferenceService(FakeRepository(), loop), LIMITS.max_body_bytes)
+            InferenceService(cast(ModelRepository, FakeRepository()), loop),
+            LIMITS.max_body_bytes)
         return await feed(app, chunks)
 
     with logged_errors() as errors:

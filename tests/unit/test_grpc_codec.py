@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.model import IndexEntry, ModelMetadata, ModelState, TensorMetadata
+from tritium.core.model import (
+    IndexEntry,
+    ModelHandle,
+    ModelMetadata,
+    ModelState,
+    TensorMetadata,
+)
 from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
 from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.serialization import split_length_prefixed
@@ -464,15 +470,19 @@ class Model:
         "INPUT0": TensorSpec("INPUT0", DataType.FP32, (-1,))})
 
 
+def handle(model: Model) -> ModelHandle:
+    return cast(ModelHandle, model)
+
+
 def test_inputs_are_checked_against_the_model_before_any_data_is_decoded() -> None:
     # Malformed BYTES data: the datatype error comes first, so it was never split.
     message = raw_message("BYTES", [3], b"\x01\x00")
     with pytest.raises(TritiumError, match="data-type is 'BYTES', but model 'm' expects"):
-        codec.decode_infer_request(message, Model())
+        codec.decode_infer_request(message, handle(Model()))
     message = raw_message("FP32", [2], b"\x00" * 8)
     message.inputs[0].name = "OTHER"
     with pytest.raises(TritiumError, match="unexpected inference input 'OTHER'"):
-        codec.decode_infer_request(message, Model())
+        codec.decode_infer_request(message, handle(Model()))
 
 
 @pytest.mark.parametrize("shape, text", [

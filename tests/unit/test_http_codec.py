@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import zlib
-from typing import Any
+from typing import Any, cast
 
 import ml_dtypes
 import numpy as np
@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.model import ModelHandle
 from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
 from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.types import DataType, Tensor, TensorSpec
@@ -642,24 +643,28 @@ class Model:
         "x": TensorSpec("x", DataType.FP32, (-1,))})
 
 
+def handle(model: Model) -> ModelHandle:
+    return cast(ModelHandle, model)
+
+
 def test_inputs_are_checked_against_the_model_before_any_data_is_decoded() -> None:
     # Malformed BYTES data: the datatype error comes first, so it was never split.
     header = orjson.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "BYTES",
                                        "parameters": {"binary_data_size": 2}}]})
     with pytest.raises(TritiumError, match="data-type is 'BYTES', but model 'm' expects"):
-        decode_infer_request(header + b"\x01\x00", len(header), "m", None, model=Model())
+        decode_infer_request(header + b"\x01\x00", len(header), "m", None, model=handle(Model()))
     for item, message in [
         ({"name": "y", "shape": [1], "datatype": "FP32", "data": [1]}, "unexpected inference"),
         ({"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}, "unexpected shape"),
     ]:
         with pytest.raises(TritiumError, match=message):
             decode_infer_request(orjson.dumps({"inputs": [item]}), None, "m", None,
-                                 model=Model())
+                                 model=handle(Model()))
     batched = Model(max_batch_size=2)
     body = orjson.dumps({"inputs": [{"name": "x", "shape": [3, 1], "datatype": "FP32",
                                      "data": [1, 2, 3]}]})
     with pytest.raises(TritiumError, match="batch-size must be <= 2"):
-        decode_infer_request(body, None, "m", None, model=batched)
+        decode_infer_request(body, None, "m", None, model=handle(batched))
 
 
 @pytest.mark.parametrize("shape, message", [

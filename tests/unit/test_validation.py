@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import pytest
 
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.model import ModelHandle
 from tritium.core.types import DataType, TensorSpec
 from tritium.core.validation import MAX_DIMS, check_input, element_count
 
@@ -17,6 +19,9 @@ class Model:
     max_batch_size: int = 4
     inputs: dict[str, TensorSpec] = field(default_factory=lambda: {
         "x": TensorSpec("x", DataType.FP32, (-1, 2))})
+
+
+MODEL = cast(ModelHandle, Model())
 
 
 def test_element_count() -> None:
@@ -49,9 +54,9 @@ def test_check_input_refuses_what_validation_would(
     name: str, datatype: DataType, shape: tuple[int, ...], message: str
 ) -> None:
     with pytest.raises(TritiumError, match=message) as info:
-        check_input(Model(), name, datatype, shape, "")
+        check_input(MODEL, name, datatype, shape, "")
     assert info.value.code is ErrorCode.INVALID_ARG
 
 
 def test_check_input_accepts_a_fitting_input() -> None:
-    check_input(Model(), "x", DataType.FP32, (4, 7, 2), "")
+    check_input(MODEL, "x", DataType.FP32, (4, 7, 2), "")
