@@ -507,10 +507,17 @@ def test_long_typed_contents_are_converted_in_slices() -> None:
     expect_error(ErrorCode.INVALID_ARG, message, "out of range for INT16")
 
 
-def test_request_bytes_counts_raw_and_typed_data() -> None:
-    message = raw_message("FP32", [4], b"\x00" * 16)
-    assert codec.request_bytes(message) == 16
+def test_request_bytes_are_what_the_inputs_claim() -> None:
+    assert codec.request_bytes(raw_message("FP32", [4, 2], b"")) == 32
+    assert codec.request_bytes(raw_message("BYTES", [5], b"")) == 20
+    assert codec.request_bytes(raw_message("FP32", [1] * 65, b"")) == 0
     typed = infer_message()
     typed.inputs.add(name="INPUT0", datatype="FP32", shape=[3]).contents.fp32_contents.extend(
         [1.0, 2.0, 3.0])
-    assert codec.request_bytes(typed) == 24
+    assert codec.request_bytes(typed) == 12 + 24
+
+
+def test_bytes_past_the_claimed_count_are_not_walked() -> None:
+    message = raw_message("BYTES", [1], bytes(4 * 100_000))
+    expect_error(ErrorCode.INVALID_ARG, message, "expected 1 string elements for input "
+                 "'INPUT0', got at least")

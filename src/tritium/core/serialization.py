@@ -38,12 +38,17 @@ def bytes_from_binary(data: Buffer, count: int, what: str, prefix: str = "") -> 
     # and the array for it is never allocated.
     out = np.empty(count, dtype=object) if count <= len(raw) // 4 else None
     found = 0
-    for run, elements in _runs(raw, what, prefix):
+    runs = _runs(raw, what, prefix)
+    for run, elements in runs:
         if out is not None and found + run <= count:
             out[found : found + run] = elements
         found += run
+        if found > count:
+            break
     if found != count or out is None:
-        raise invalid(f"{prefix}expected {count} string elements {what}, got {found}")
+        # Past the count, the rest is not walked: a hostile tail costs nothing.
+        more = "" if next(runs, None) is None else "at least "
+        raise invalid(f"{prefix}expected {count} string elements {what}, got {more}{found}")
     return out
 
 

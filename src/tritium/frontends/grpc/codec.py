@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,9 +86,13 @@ def decode_infer_request(
 
 
 def request_bytes(message: pb.ModelInferRequest) -> int:
-    """About how many bytes decoding ``message`` touches (typed values count 8 each)."""
-    size = sum(map(len, message.raw_input_contents))
+    """About how many bytes decoding ``message`` touches, from what its inputs claim: each
+    read of a raw contents field copies it, and a claim too small is refused before long."""
+    size = 0
     for item in message.inputs:
+        datatype = DataType.from_wire(item.datatype)
+        count = math.prod(item.shape) if len(item.shape) <= 64 else 0
+        size += count * (datatype.itemsize if datatype and datatype.itemsize else 4)
         if item.HasField("contents"):
             contents = item.contents
             size += 8 * sum(len(getattr(contents, field)) for field in _CONTENT_FIELDS)
@@ -122,9 +127,10 @@ def _plan_inputs(
                     f"{_prefix(request_id)}contents field must not be specified when using "
                     f"raw_input_contents for input '{item.name}' for model '{message.model_name}'"
                 )
-            _check_raw_size(item.name, datatype, shape, count, raw[index])
+            data = raw[index]  # a copy, each time it is read
+            _check_raw_size(item.name, datatype, shape, count, data)
             planned[item.name] = functools.partial(
-                _tensor_from_checked_raw, item.name, datatype, shape, count, raw[index])
+                _tensor_from_checked_raw, item.name, datatype, shape, count, data)
         else:
             values = _typed_values(item.name, datatype, shape, count, item.contents)
             planned[item.name] = functools.partial(
