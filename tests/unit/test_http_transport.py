@@ -966,10 +966,10 @@ def test_pacing_judges_only_the_peers_time() -> None:
     pacing.waiting_since = 100.0  # the server answered at 100: the head clock starts there
     assert not pacing.head_too_slow(109.0, head_started=50.0)
     assert pacing.head_too_slow(110.0, head_started=50.0)
-    pacing.body_started(200.0)
-    assert pacing.body_too_slow(205.0, received=0) is None  # within the grace
-    assert pacing.body_too_slow(206.0, received=10) is None  # 10 bytes/s past the grace
-    assert pacing.body_too_slow(207.0, received=11) is not None
+    assert pacing.body_too_slow(205.0, 200.0, received=0) is None  # within the grace
+    assert pacing.body_too_slow(206.0, 200.0, received=10) is None  # 10 bytes/s past it
+    assert pacing.body_too_slow(207.0, 200.0, received=11) is not None
+    assert pacing.body_too_slow(207.0, 206.5, received=0) is None  # the next body: afresh
     pacing.write_paused(300.0, buffered=500)
     assert not pacing.send_stalled(359.0, buffered=500)
     assert pacing.send_stalled(360.0, buffered=500)

@@ -156,11 +156,12 @@ class HttpConnection(RequestReader):
                     self._abort(exchange, "the server did not produce a response")
             self._current = None
             if not queue:
-                self._went_idle()
+                self.pacing.waiting_since = self._connections.now
+                if self._continue_wanted or self._connections.draining:
+                    self._went_idle()
 
     def _went_idle(self) -> None:
-        """The last exchange is answered and none waits: the peer's clock runs again."""
-        self.pacing.waiting_since = self._connections.now
+        """The last exchange is answered, none waits, and something was held for this."""
         if self._continue_wanted:
             self._send_continue()
         if self._connections.draining:
@@ -277,7 +278,7 @@ class HttpConnection(RequestReader):
             if pacing.head_too_slow(now, self._head_started):
                 self._reject(Rejection(408, "timed out reading the request head"))
         else:
-            late = pacing.body_too_slow(now, self._body_size)
+            late = pacing.body_too_slow(now, self._body_started, self._body_size)
             if late is not None:
                 self._reject(Rejection(408, late))
 

@@ -19,7 +19,7 @@ CONNECT_GRACE_S = 1.0
 class Pacing:
     """Progress marks of one connection and the judgement of each wait against its limit."""
 
-    __slots__ = ("_body_moved", "_body_seen", "_body_started", "_limits", "_linger_since",
+    __slots__ = ("_body", "_body_moved", "_body_seen", "_limits", "_linger_since",
                  "_stalled_since", "_stalled_size", "waiting_since")
 
     def __init__(self, limits: HttpLimits, now: float):
@@ -27,7 +27,7 @@ class Pacing:
         # Since when the server has been waiting on the peer: the last response was written
         # or the peer caught up on reading. Earlier time was the server's, not the peer's.
         self.waiting_since = now
-        self._body_started = self._body_moved = now
+        self._body = self._body_moved = now  # when the body being watched began
         self._body_seen = 0
         self._stalled_since = now
         self._stalled_size = 0
@@ -44,18 +44,19 @@ class Pacing:
     def head_too_slow(self, now: float, head_started: float) -> bool:
         return now - max(head_started, self.waiting_since) >= self._limits.header_timeout_s
 
-    def body_started(self, now: float) -> None:
-        self._body_started = self._body_moved = now
-        self._body_seen = 0
+    def body_too_slow(self, now: float, started: float, received: int) -> str | None:
+        """Why the body begun at ``started`` is too late, or None while it keeps its pace.
 
-    def body_too_slow(self, now: float, received: int) -> str | None:
-        """Why the body being received is too late, or None while it keeps its pace."""
+        The reader only stamps ``started``: progress is noticed here, at the sweep.
+        """
         limits = self._limits
+        if started != self._body:  # a new body: its clock starts afresh
+            self._body, self._body_moved, self._body_seen = started, started, 0
         if received != self._body_seen:
             self._body_seen, self._body_moved = received, now
         if now - max(self._body_moved, self.waiting_since) >= limits.body_timeout_s:
             return f"timed out reading the request body: no data for {limits.body_timeout_s:g} s"
-        paced = now - max(self._body_started, self.waiting_since) - limits.body_rate_grace_s
+        paced = now - max(started, self.waiting_since) - limits.body_rate_grace_s
         if paced > 0 and received < limits.min_body_rate * paced:
             return (f"timed out reading the request body: it arrives slower than "
                     f"{limits.min_body_rate:g} bytes/s")

@@ -86,31 +86,11 @@ class RequestReader(asyncio.Protocol):
 
     # -- bytes in ---------------------------------------------------------------------------
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
         if self._discard_input:
             return
-        if self._unparsed:  # bytes still wait for the pipeline: these come after them
-            self._unparsed += data
+        if (len(data) > _SLICE or self._unparsed) and self._took_large(data):
             return
-        if len(data) <= _SLICE or (self._phase is Phase.BODY
-                                   and self._content_length - self._body_size >= len(data)):
-            self._feed(data)  # one small read, or nothing but body: it cannot overfill
-        else:
-            self._feed_slices(data)
-
-    def _feed_slices(self, data: bytes) -> None:
-        """Parse a large read a slice at a time, and keep what follows a full pipeline
-        unparsed: a read of tiny pipelined requests would otherwise queue thousands."""
-        view = memoryview(data)
-        for start in range(0, len(view), _SLICE):
-            if self._discard_input:
-                return
-            if self._pipeline_full:
-                self._unparsed = bytes(view[start:])
-                return
-            self._feed(view[start:start + _SLICE])
-
-    def _feed(self, data: bytes | memoryview) -> None:
         if self._phase is not Phase.BODY:
             self._raw_head_bytes += len(data)
         try:
@@ -127,12 +107,33 @@ class RequestReader(asyncio.Protocol):
         if self._phase is not Phase.BODY and self._raw_head_bytes > self._max_header_bytes:
             self._reject(self._head_too_large())
 
+    def _took_large(self, data: bytes | memoryview) -> bool:
+        """Handle a large read (True), unless it is nothing but body and is parsed whole.
+
+        A large read is parsed a slice at a time, and what follows a full pipeline is kept
+        unparsed: a read of tiny pipelined requests would otherwise queue thousands.
+        """
+        if self._unparsed:  # bytes still wait for the pipeline: these come after them
+            self._unparsed += data
+            return True
+        if self._phase is Phase.BODY and self._content_length - self._body_size >= len(data):
+            return False
+        view = memoryview(data)
+        for start in range(0, len(view), _SLICE):
+            if self._discard_input:
+                break
+            if self._pipeline_full:
+                self._unparsed = bytes(view[start:])
+                break
+            self.data_received(view[start:start + _SLICE])
+        return True
+
     # -- httptools callbacks ------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         # Per-request state is reset here, where the parser calls anyway, not after a message.
         self._phase = Phase.HEAD
-        self._head_started = self._clock.now
+        self._head_started = self._body_started = self._clock.now
         self._head_size = 0  # request line + headers seen by the callbacks
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -162,7 +163,7 @@ class RequestReader(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._phase = Phase.BODY
-        self.pacing.body_started(self._clock.now)
+        self._body_started = self._clock.now
         if self._head_size > self._max_header_bytes:
             self._fail(self._head_too_large())
         headers = self._headers
