@@ -143,8 +143,10 @@ class HttpApi:
         headers = exchange.request.headers
         body = await self._unpacked_body(exchange)
         header_length = _header_length(headers.get("inference-header-content-length"), len(body))
-        request = await _coded(functools.partial(
-            self._decode_infer, body, header_length, model, version), len(body))
+        if offload.heavy(len(body)):
+            request = await offload.run(self._decode_infer, body, header_length, model, version)
+        else:
+            request = self._decode_infer(body, header_length, model, version)
         response = await self._run(exchange, request, self.service.infer)
         if response is None:
             return
