@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import resource
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -267,17 +268,19 @@ def wait_until_served(server: TritiumProcess) -> None:
 def test_running_out_of_descriptors_neither_spins_nor_stops_the_listener(repo: Path) -> None:
     with serving(repo) as server:
         soft, hard = resource.prlimit(server.pid, resource.RLIMIT_NOFILE)
-        in_use = len(os.listdir(f"/proc/{server.pid}/fd"))
-        resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (in_use + 24, hard))
-        flood = []
+        limit = len(os.listdir(f"/proc/{server.pid}/fd")) + 24
+        resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (limit, hard))
         with contextlib.ExitStack() as stack:
-            for _ in range(60):  # more than the descriptors left: accept() fails with EMFILE
-                with contextlib.suppress(OSError):
-                    flood.append(stack.enter_context(connect(server)))
+            # More than the descriptors left: the kernel completes every handshake into the
+            # backlog, and the server's accept() fails with EMFILE.
+            flood = [stack.enter_context(connect(server)) for _ in range(60)]
             time.sleep(0.3)  # let the server meet the limit
+            assert len(os.listdir(f"/proc/{server.pid}/fd")) == limit
             cpu_before = cpu_seconds(server)
             time.sleep(1.0)  # a spinning accept loop would burn this second
             assert cpu_seconds(server) - cpu_before < 0.5
+            readable, _, _ = select.select(flood, [], [], 0)
+            assert readable  # the connections it could not keep were closed, not left hanging
         resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (soft, hard))
         wait_until_served(server)
         assert_served_promptly(server)
