@@ -210,15 +210,20 @@ def test_override_paths_outside_the_model_are_refused_before_writing(
     assert ready(server) == 200
 
 
-def test_grpc_override_paths_are_refused_before_writing(server: TritiumProcess,
-                                                        sandbox: Sandbox) -> None:
+@pytest.mark.parametrize("path, words", [
+    ("../../escape.py", "within the model directory"),
+    ("1/model\x00.py", "control character"),
+    ("/".join(["d"] * 2000) + "/model.py", "bytes long"),
+])
+def test_grpc_override_paths_are_refused_before_writing(
+        server: TritiumProcess, sandbox: Sandbox, path: str, words: str) -> None:
     before = sandbox.files()
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         error = grpc_status(lambda: client.load_model(
             "uploaded_bad", config=CONFIG,
-            files={"file:1/model.py": IDENTITY.encode(), "file:../../escape.py": b"x"}))
+            files={"file:1/model.py": IDENTITY.encode(), f"file:{path}": b"x"}))
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "within the model directory" in str(error.message())
+    assert words in str(error.message())
     assert sandbox.files() == before and sandbox.override_dirs() == []
 
 
