@@ -191,7 +191,9 @@ def test_generate_decode(doc: Any, model: ModelHandle) -> None:
 
 
 @settings(max_examples=200, deadline=None, database=None)
-@given(json_values, st.integers(1, 48), st.binary(max_size=3), st.integers(0, 400))
+@given(json_values, st.integers(1, 48),
+       st.binary(max_size=3) | st.sampled_from([b" " * 70, b"\n,", b", ", b"]" + b" " * 70]),
+       st.integers(0, 400))
 def test_json_pieces_agree_with_orjson(value: Any, piece: int, junk: bytes, at: int) -> None:
     """Parsed in pieces or at once, a document gives the same value (keys in the same
     order) or fails both ways; junk spliced in makes most documents invalid."""

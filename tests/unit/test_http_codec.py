@@ -735,3 +735,25 @@ def test_big_half_float_outputs_are_refused_before_streaming() -> None:
                                  served_by=ServedBy("m", 1, False, {}))
     expect_invalid("FP16 data via JSON is not supported", stream_infer_response, response,
                    outputs_request({}))
+
+
+@pytest.mark.parametrize("text", [
+    b"[1," + b" " * 100 + b"]", b"[" + b" " * 100 + b",1]", b'{"a":' + b"\n" * 80 + b",1}",
+    b"[1]" + b" " * 50 + b",[2]", b"[1,,2]", b'{"a":1,}',
+])
+def test_json_pieces_refuse_what_orjson_refuses(text: bytes) -> None:
+    from tritium.frontends.http import json_pieces
+
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(text)
+    for piece in (1, 2, 3, 8):
+        with pytest.raises(json_pieces.JsonError):
+            json_pieces.loads(text, piece)
+
+
+def test_json_pieces_keep_duplicate_keys_as_orjson_does() -> None:
+    from tritium.frontends.http import json_pieces
+
+    text = b'{"a":[1,2],"b":{"c":[3,4]},"a":[5,6],"b":{"c":[7, 8],"d":9}}'
+    for piece in (1, 4, 9):
+        assert orjson.dumps(json_pieces.loads(text, piece)) == orjson.dumps(orjson.loads(text))

@@ -198,7 +198,8 @@ class _Merger:
             return
         last = _back_over(self.text, end - 1, _WHITESPACE)
         before = self.text[last : last + 1] if last >= start else b""
-        after = self.text[end + 1 : end + 1 + 64].lstrip(_WHITESPACE)[:1]
+        next_at = _forward_over(self.text, end + 1, _WHITESPACE)
+        after = self.text[next_at : next_at + 1]
         if not before or before in b"[{,:" or (after and after in b"]},"):
             raise JsonError(f"unexpected ',' at byte {end}")
 
@@ -249,6 +250,13 @@ class _Merger:
         key = _loads(text[open_quote : close + 1])
         assert isinstance(key, str)
         return key
+
+
+def _forward_over(text: bytes, index: int, skipped: bytes) -> int:
+    """The first index at or after ``index`` whose byte is not in ``skipped``."""
+    while index < len(text) and text[index] in skipped:
+        index += 1
+    return index
 
 
 def _back_over(text: bytes, index: int, skipped: bytes) -> int:
