@@ -98,6 +98,11 @@ def test_bad_config_override_is_refused() -> None:
     assert "JSON string" in refused({"config": 5})
 
 
+@pytest.mark.parametrize("parameters", [[1, 2], "config", 7])
+def test_parameters_that_are_not_an_object_are_refused(parameters: Any) -> None:
+    assert "must be an object" in refused(parameters)
+
+
 def test_override_path_normalizes() -> None:
     assert override_path("m", "file:1/./sub//model.py") == "1/sub/model.py"
 

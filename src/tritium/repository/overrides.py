@@ -59,6 +59,8 @@ def parse_overrides(name: str, parameters: Mapping[str, Any],
 
     Other parameters (``unload_dependents``, vendor keys) are ignored, as Triton does.
     """
+    if not isinstance(parameters, Mapping):
+        raise _invalid(name, "the load parameters must be an object of name: value")
     overrides = LoadOverrides()
     config = parameters.get("config")
     if config is not None:
