@@ -221,3 +221,15 @@ def test_sse_framing() -> None:
     frame = sse_error(error)
     assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
     assert orjson.loads(frame[6:-2]) == {"error": "boom"}
+
+
+def test_big_outputs_are_written_as_the_small_ones_are() -> None:
+    request = InferenceRequest(model_name="llm", inputs={})
+    values = np.arange(70_000, dtype=np.int32)
+    response = InferenceResponse(outputs=[
+        Tensor("ids", DataType.INT32, (values.size,), values),
+        Tensor("a", DataType.FP32, (2,), np.array([0.5, 1], dtype=np.float32)),
+        Tensor("z", DataType.INT32, (values.size,), values[::-1].copy())])
+    body = encode(response, request, "llm", 1)
+    assert body == orjson.dumps({"a": [0.5, 1.0], "ids": values.tolist(), "model_name": "llm",
+                                 "model_version": "1", "z": values[::-1].tolist()})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import secrets
 from typing import Any
 
 import numpy as np
@@ -12,13 +13,14 @@ from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
 from tritium.core.response import InferenceResponse
+from tritium.core.serialization import SLICE
 from tritium.core.types import DataType, Tensor, TensorSpec
 from tritium.frontends.http.codec import (
     DEFAULT_MAX_INPUT_SIZE,
     parse_json_object,
     scalar_parameter,
 )
-from tritium.frontends.http.tensor_data import array_from_json, json_values
+from tritium.frontends.http.tensor_data import array_from_json, json_pieces_of, json_values
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 # A key whose value is an object of more keys, each mapped like a top-level key.
@@ -147,16 +149,29 @@ def encode_generate_response(response: InferenceResponse, request: InferenceRequ
     # Earlier keys win a name clash: metadata, then parameters, then outputs.
     for key, value in response.parameters.items():
         doc.setdefault(key, value)
+    # A big output is written a slice at a time and put in place of a marker afterwards.
+    big: dict[str, Tensor] = {}
+    nonce = ""
     for tensor in response.outputs:
-        if tensor.name not in doc:
+        if tensor.name in doc:
+            continue
+        if tensor.element_count > SLICE:
+            nonce = nonce or secrets.token_hex(8)
+            marker = f"\x00tritium-data:{nonce}:{len(big)}"
+            big[marker] = tensor
+            doc[tensor.name] = marker
+        else:
             values = json_values(tensor)
             doc[tensor.name] = values[0] if len(values) == 1 else values
     try:
-        return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+        text = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError as exc:
         raise TritiumError(
             ErrorCode.INTERNAL, f"failed to write the generate response JSON: {exc}"
         ) from None
+    for marker, tensor in big.items():
+        text = text.replace(orjson.dumps(marker), b"".join(json_pieces_of(tensor)), 1)
+    return text
 
 
 def sse_event(payload: bytes) -> bytes:
