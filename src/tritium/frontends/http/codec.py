@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import math
 import secrets
 from collections.abc import Iterator
@@ -22,21 +21,24 @@ from tritium.core.parameters import (
 )
 from tritium.core.request import InferenceRequest, ParamValue, RequestedOutput
 from tritium.core.response import InferenceResponse
-from tritium.core.serialization import SLICE, array_from_binary, bytes_array, tensor_bytes
+from tritium.core.serialization import SLICE, bytes_array, tensor_bytes
 from tritium.core.types import DataType, Tensor, TensorSpec
-from tritium.core.validation import check_input, element_count
 from tritium.frontends.http import json_pieces
+from tritium.frontends.http.inputs import (
+    HEADER_LENGTH,
+    BinaryReader,
+    decode_input,
+    plan_inputs,
+    tensor_from_binary,
+)
 from tritium.frontends.http.tensor_data import (
     InputLabel,
     Part,
-    array_from_json,
-    flatten_json,
     json_pieces_of,
     json_values,
     refuse_half_floats,
 )
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
@@ -52,14 +54,6 @@ class HttpOutputOptions:
 
 
 _JSON_OUTPUTS = HttpOutputOptions(binary_data_output=False)
-
-
-class _Source(enum.Enum):
-    """Where an input's values travel."""
-
-    JSON = "data"
-    BINARY = "binary_data_size"
-    SHARED_MEMORY = "shared_memory_region"
 
 
 # --------------------------------------------------------------------------- request
@@ -86,11 +80,11 @@ def decode_infer_request(
     request.id = _request_id(doc)
     options = HttpOutputOptions()
     _apply_parameters(request, options, doc.get("parameters"))
-    reader = _BinaryReader(view, json_end, header_length is not None, model_name)
-    planned = _plan_inputs(doc, reader, request, max_input_size, model)
+    reader = BinaryReader(view, json_end, header_length is not None, model_name)
+    planned = plan_inputs(doc, reader, request, max_input_size, model)
     reader.finish()
     request.requested_outputs = _decode_outputs(doc)
-    request.inputs = {plan.label.name: _decode_input(plan, max_input_size) for plan in planned}
+    request.inputs = {plan.label.name: decode_input(plan, max_input_size) for plan in planned}
     request.frontend_state = options
     return request
 
@@ -118,7 +112,7 @@ def decode_raw_binary_request(
         data = bytes_array([bytes(body)]).reshape(shape)
         tensor = Tensor(spec.name, spec.datatype, shape, data)
     else:
-        tensor = _tensor_from_binary(label, spec.datatype, shape, math.prod(shape), body)
+        tensor = tensor_from_binary(label, spec.datatype, shape, math.prod(shape), body)
     request = InferenceRequest(
         model_name=model_name, inputs={spec.name: tensor}, model_version=model_version
     )
@@ -218,208 +212,6 @@ def scalar_parameter(key: str, value: Any) -> ParamValue:
             "'float' or 'string'."
         )
     return value
-
-
-# ---------------------------------------------------------------------------- inputs
-
-
-class _BinaryReader:
-    """Hands out the binary section of the body, input by input, without copying."""
-
-    __slots__ = ("_header_given", "_model", "_offset", "_view")
-
-    def __init__(self, view: memoryview, offset: int, header_given: bool, model: str):
-        self._view = view
-        self._offset = offset
-        self._header_given = header_given
-        self._model = model
-
-    def take(self, name: str, size: int) -> memoryview:
-        if size == 0:
-            return self._view[:0]
-        if not self._header_given:
-            raise invalid(
-                f"must specify valid '{HEADER_LENGTH}' in request header and "
-                "'binary_data_size' when passing inputs in binary data format"
-            )
-        end = self._offset + size
-        if end > len(self._view):
-            raise invalid(
-                f"unexpected size for input '{name}', expecting {end - len(self._view)} "
-                f"additional bytes for model '{self._model}'"
-            )
-        chunk = self._view[self._offset : end]
-        self._offset = end
-        return chunk
-
-    def finish(self) -> None:
-        if self._offset != len(self._view):
-            raise invalid(f"unexpected additional input data for model '{self._model}'")
-
-
-@dataclass(slots=True)
-class _PlannedInput:
-    """An input whose description passed every check; its data is not decoded yet."""
-
-    label: InputLabel
-    datatype: DataType
-    shape: tuple[int, ...]
-    count: int
-    chunk: Body | None  # binary data; None: JSON ``data``
-    data: Any = None
-
-
-def _plan_inputs(
-    doc: dict[str, Any],
-    reader: _BinaryReader,
-    request: InferenceRequest,
-    limit: int,
-    model: ModelHandle | None,
-) -> list[_PlannedInput]:
-    items = doc.get("inputs")
-    if type(items) is not list:
-        raise invalid("Unable to parse 'inputs': expected a JSON array")
-    planned: dict[str, _PlannedInput] = {}
-    for item in items:
-        plan = _plan_input(item, reader, request, limit, model)
-        if plan.label.name in planned:
-            raise invalid(
-                f"[request id: {request.describe()}] input '{plan.label.name}' already exists "
-                "in request"
-            )
-        planned[plan.label.name] = plan
-    return list(planned.values())
-
-
-def _plan_input(
-    item: Any,
-    reader: _BinaryReader,
-    request: InferenceRequest,
-    limit: int,
-    model: ModelHandle | None,
-) -> _PlannedInput:
-    if type(item) is not dict:
-        raise invalid("Unable to parse 'inputs': each input must be a JSON object")
-    source, params = _input_source(item)
-    name = item.get("name")
-    if type(name) is not str:
-        raise invalid("Unable to parse 'name': expected a string")
-    datatype = _datatype(item.get("datatype"), name)
-    shape = _shape(item.get("shape"))
-    label = InputLabel(name, request.model_name, request.describe())
-    count = element_count(name, shape, label.prefix)
-    if model is not None:
-        check_input(model, name, datatype, shape, label.prefix)
-    if source is _Source.BINARY:
-        size = params["binary_data_size"]
-        if type(size) is not int or size < 0:
-            raise invalid("Unable to parse 'binary_data_size': expected an unsigned integer")
-        chunk = reader.take(name, size)
-        _check_binary_size(label, datatype, count, chunk)
-        return _PlannedInput(label, datatype, shape, count, chunk)
-    if source is _Source.SHARED_MEMORY:
-        raise invalid(
-            f"input '{name}' uses shared memory, which is not supported by this server; "
-            "send its data in the request body"
-        )
-    data = item["data"]
-    _check_json_size(name, datatype, count, data, limit)
-    return _PlannedInput(label, datatype, shape, count, None, data)
-
-
-def _decode_input(plan: _PlannedInput, limit: int) -> Tensor:
-    if plan.chunk is not None:
-        label = plan.label
-        # Zero-copy for fixed-size types: the array is a view of the request body.
-        data = array_from_binary(plan.chunk, plan.datatype, plan.count, label.where, label.prefix)
-        return Tensor(label.name, plan.datatype, plan.shape, data.reshape(plan.shape))
-    return _tensor_from_json(plan.label.name, plan.datatype, plan.shape, plan.data, limit)
-
-
-def _input_source(item: dict[str, Any]) -> tuple[_Source, dict[str, Any]]:
-    params = item.get("parameters", _NO_PARAMETERS)
-    if type(params) is not dict:
-        raise invalid("Unable to parse 'parameters': expected a JSON object")
-    found = ("data" in item, "binary_data_size" in params, "shared_memory_region" in params)
-    if sum(found) != 1:
-        raise _source_error(found)
-    return _SOURCES[found.index(True)], params
-
-
-_NO_PARAMETERS: dict[str, Any] = {}
-_SOURCES = (_Source.JSON, _Source.BINARY, _Source.SHARED_MEMORY)
-
-
-def _source_error(found: tuple[bool, bool, bool]) -> TritiumError:
-    pairs = zip(_SOURCES, found, strict=True)
-    named = [f"'{source.value}'" for source, present in pairs if present]
-    detail = " set " + " ".join(named) if named else " no field is set"
-    return invalid(
-        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
-        f"'parameters', 'shared_memory_region' in 'parameters'. But{detail}"
-    )
-
-
-def _datatype(value: Any, name: str) -> DataType:
-    datatype = DataType.from_wire(value) if type(value) is str else None
-    if datatype is None:
-        raise invalid(f"invalid datatype '{value}' for input '{name}'")
-    return datatype
-
-
-def _shape(value: Any) -> tuple[int, ...]:
-    if type(value) is not list or any(type(d) is not int or d < 0 for d in value):
-        raise invalid("Unable to parse 'shape': expected an array of unsigned integers")
-    return tuple(value)
-
-
-def _check_binary_size(label: InputLabel, datatype: DataType, count: int, chunk: Body) -> None:
-    expected = count * datatype.itemsize
-    if datatype is not DataType.BYTES and len(chunk) != expected:
-        raise invalid(
-            f"{label.prefix}input byte size mismatch for input '{label.name}' for model "
-            f"'{label.model}'. Expected {expected}, got {len(chunk)}"
-        )
-
-
-def _tensor_from_binary(
-    label: InputLabel, datatype: DataType, shape: tuple[int, ...], count: int, chunk: Body
-) -> Tensor:
-    _check_binary_size(label, datatype, count, chunk)
-    # Zero-copy for fixed-size types: the array is a view of the request body.
-    data = array_from_binary(chunk, datatype, count, label.where, label.prefix)
-    return Tensor(label.name, datatype, shape, data.reshape(shape))
-
-
-def _check_json_size(name: str, datatype: DataType, count: int, data: Any, limit: int) -> None:
-    if type(data) is not list:
-        raise invalid("Unable to parse 'data': expected a JSON array")
-    if not (data and type(data[0]) is list) and len(data) != count:
-        raise _json_count_error()
-    byte_size = count * datatype.numpy.itemsize
-    if byte_size > limit:
-        raise invalid(
-            f"JSON input '{name}' has a byte_size ({byte_size} bytes) that exceeds the "
-            f"maximum allowed value of {limit} bytes. Use --http-max-input-size to increase "
-            "the limit."
-        )
-
-
-def _json_count_error() -> TritiumError:
-    return invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
-
-
-def _tensor_from_json(
-    name: str, datatype: DataType, shape: tuple[int, ...], data: Any, limit: int
-) -> Tensor:
-    count = math.prod(shape)
-    _check_json_size(name, datatype, count, data, limit)
-    # Clients send flat data; nested data (rows first) is rare, so one probe decides.
-    flat = flatten_json(data) if data and type(data[0]) is list else data
-    if len(flat) != count:
-        raise _json_count_error()
-    array = array_from_json(flat, datatype, name)
-    return Tensor(name, datatype, shape, array.reshape(shape))
 
 
 # --------------------------------------------------------------------------- outputs
