@@ -46,7 +46,7 @@ def test_legal_move(state: CallState, event: CallEvent) -> None:
 def test_every_other_move_is_illegal(state: CallState, event: CallEvent) -> None:
     with pytest.raises(IllegalMove) as caught:
         next_state(state, event)
-    assert event.value in str(caught.value) and state.value in str(caught.value)
+    assert event.name in str(caught.value) and state.name in str(caught.value)
 
 
 def test_closed_is_final() -> None:

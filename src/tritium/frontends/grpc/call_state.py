@@ -10,20 +10,21 @@ from __future__ import annotations
 import enum
 
 
-class CallState(enum.Enum):
-    OPEN = "open"  # the request may still arrive; the reply is not decided
-    HALF_CLOSED = "half-closed"  # the client sent END_STREAM: the whole request is in
-    ENDING = "ending"  # the outcome is decided; data and trailers wait for window
-    ENDING_HALF_CLOSED = "ending, half-closed"
-    CLOSED = "closed"  # nothing more is sent or received for it
+# Integer enums: a state is looked up a few times per call, and an int hashes in C.
+class CallState(enum.IntEnum):
+    OPEN = 0  # the request may still arrive; the reply is not decided
+    HALF_CLOSED = 1  # the client sent END_STREAM: the whole request is in
+    ENDING = 2  # the outcome is decided; data and trailers wait for window
+    ENDING_HALF_CLOSED = 3
+    CLOSED = 4  # nothing more is sent or received for it
 
 
-class CallEvent(enum.Enum):
-    END_STREAM = "the client half-closed"
-    END = "this side decided the outcome"
-    FLUSHED = "everything queued for the call is written"
-    RESET = "the stream was reset"
-    LOST = "the connection is gone"
+class CallEvent(enum.IntEnum):
+    END_STREAM = 0  # the client half-closed
+    END = 1  # this side decided the outcome
+    FLUSHED = 2  # everything queued for the call is written
+    RESET = 3  # the stream was reset
+    LOST = 4  # the connection is gone
 
 
 _MOVES: dict[tuple[CallState, CallEvent], CallState] = {
@@ -50,7 +51,7 @@ class IllegalMove(Exception):
 
 
 def next_state(state: CallState, event: CallEvent) -> CallState:
-    try:
-        return _MOVES[state, event]
-    except KeyError:
-        raise IllegalMove(f"{event.value} while the call is {state.value}") from None
+    found = _MOVES.get((state, event))
+    if found is None:
+        raise IllegalMove(f"{event.name} while the call is {state.name}")
+    return found

@@ -185,10 +185,10 @@ class GrpcConnection:
     def _move(self, call: Call, event: CallEvent, *, reason: CancelReason | None = None,
               trailers: bytes = b"") -> None:
         before = call.state
-        call.state = next_state(before, event)
+        call.state = state = next_state(before, event)
         if reason is not None:
             call.cancellation.cancel(reason)
-        if call.timer is not None and call.state in DECIDED:
+        if call.timer is not None and state >= CallState.ENDING:
             call.timer.cancel()
             call.timer = None
         if event is CallEvent.END:
@@ -198,7 +198,7 @@ class GrpcConnection:
             call.wake()
             self.outbox.trailers(call, trailers)  # FLUSHED follows once the queue is out
             return
-        if call.state is not CallState.CLOSED:
+        if state is not CallState.CLOSED:
             return
         if event is CallEvent.FLUSHED and before not in CLIENT_DONE and not self.closed:
             # RFC 9113 §8.1: a complete response may be followed by RST_STREAM(NO_ERROR) so

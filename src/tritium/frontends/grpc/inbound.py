@@ -18,6 +18,7 @@ from tritium.frontends.grpc.frames import Frame
 from tritium.frontends.grpc.http2 import (
     DEFAULT_WINDOW,
     END_STREAM,
+    PADDED,
     H2Error,
     ProtocolViolation,
     strip_padding,
@@ -90,16 +91,22 @@ class Inbound:
             self._consume(size)
             conn.stream_error(call, H2Error.FLOW_CONTROL_ERROR)
             return
-        ended = found.flags & END_STREAM
+        flags = found.flags
+        ended = flags & END_STREAM
         if not size and not ended and not conn.flood.allow_empty_frame(conn.now()):
             raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "too many empty DATA frames")
-        data = strip_padding(payload, found.flags)
-        self._consume(size - len(data))  # padding is never held
-        call.withheld += size - len(data)
+        if flags & PADDED:
+            data = strip_padding(payload, flags)
+            self._consume(size - len(data))  # padding is never held
+            call.withheld += size - len(data)
+        else:
+            data = payload
         if data:
             self._take_bytes(call, data)
-        self._return_stream_credit(call)
-        self._grant()  # held bytes still count, but the peer may send more while there is room
+        if call.withheld and not call.messages:
+            self._return_stream_credit(call)
+        if self.window.available <= self._size // 2:  # held bytes count; more may come
+            self._grant()
         if ended and call.state is not CallState.CLOSED:
             conn.remote_closed(call)
 
@@ -156,7 +163,8 @@ class Inbound:
         self.held -= count
         self.reserved -= count
         self._budget.release(count)
-        self._grant()
+        if self.window.available <= self._size // 2:
+            self._grant()
 
     def _grant(self) -> None:
         """Top the peer's credit back up to the window, as far as the budget allows, once

@@ -72,9 +72,10 @@ class Outbox:
             self.out.append(rst_stream(stream_id, H2Error.NO_ERROR))
 
     def drop(self, call: Call) -> None:
-        call.pending.clear()
-        call.trailers = None
-        self.blocked.pop(call.stream_id, None)
+        if call.pending or call.trailers is not None:
+            call.pending.clear()
+            call.trailers = None
+            self.blocked.pop(call.stream_id, None)
 
     def pump(self, call: Call) -> None:
         """Frame what new credit allows of ``call``'s queue (and its trailers after it)."""

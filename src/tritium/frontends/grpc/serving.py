@@ -51,7 +51,11 @@ async def serve_unary(conn: GrpcConnection, call: Call, message: Message) -> Non
     handler = call.rpc.unary
     assert handler is not None
     try:
-        reply = await handler(await read_message(conn, call, message), call)
+        if message.compressed:
+            request = await read_message(conn, call, message)
+        else:  # the usual case, without a coroutine for it
+            request = parse_message(call.rpc.request_type.FromString, message.body)
+        reply = await handler(request, call)
     except Exception as exc:
         fail_call(conn, call, exc)
         return
