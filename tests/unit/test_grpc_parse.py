@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from google.protobuf import empty_pb2
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tritium.frontends.grpc.call import BadMessage
 from tritium.frontends.grpc.parse import DEFAULT_BUDGET, SliceBudget, parse_message
+from tritium.frontends.grpc.protowire import read_field
 
 Request = pb.ModelInferRequest
 MiB = 1 << 20
@@ -266,6 +268,33 @@ def test_mutated_bytes_parse_or_fail_exactly_as_from_string(message: Any, data: 
     else:
         for budget in TINY:
             assert parse(blob, budget) == expected
+
+
+def frames(data: bytes) -> bool:
+    """Whether ``read_field`` reads ``data`` to its end as whole fields."""
+    view, pos = memoryview(data), 0
+    try:
+        while pos < len(data):
+            pos = read_field(view, pos, len(data), 0, 1 << 20)[3]
+    except DecodeError:
+        return False
+    return True
+
+
+@fast
+@given(st.one_of(st.binary(max_size=40), unknown_fields,
+                 requests().map(lambda m: m.SerializeToString())), st.data())
+def test_fields_are_framed_exactly_as_upb_frames_them(wire: bytes, data: Any) -> None:
+    blob = bytearray(wire)
+    for _ in range(data.draw(st.integers(0, 2))):
+        if blob:
+            blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        empty_pb2.Empty.FromString(bytes(blob))
+    except DecodeError:
+        assert not frames(bytes(blob))
+    else:
+        assert frames(bytes(blob))
 
 
 # -- the loop keeps running --------------------------------------------------------------

@@ -15,11 +15,17 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from tritium.frontends.grpc.call import BadMessage
+from tritium.frontends.grpc.protowire import (
+    MAX_NESTING,
+    GroupTooLarge,
+    encode_varint,
+    plausible_cuts,
+    read_field,
+    varint_boundary,
+)
 
 M = TypeVar("M", bound=Message)
 
-# upb refuses a message nested deeper than this many sub-messages and groups.
-_MAX_NESTING = 100
 # Bytes of fields read one by one in Python between looks at the clock (4k tiny ones, ~2 ms).
 _SCAN_PACE_BYTES = 8192
 
@@ -30,7 +36,7 @@ class SliceBudget:
 
     Costs count bytes of the densest wire data (tiny sub-messages, ~30 ns a byte in upb);
     payloads upb only copies (strings, bytes, unknown fields, packed fixed-width numbers)
-    count a 32nd of their length, packed varints an 8th."""
+    count a 32nd of their length, packed varints a 4th."""
 
     inline_bytes: int = 128 * 1024  # messages this small are one FromString, as before
     slice_bytes: int = 128 * 1024  # what one merge step may cost
@@ -63,22 +69,18 @@ async def parse_message(
             return message_type.FromString(data)
         message = message_type()
         await _Slicer(view, budget).merge(message, 0, len(view), 0)
-    except (DecodeError, _Malformed):
+    except DecodeError:
         name = message_type.DESCRIPTOR.full_name
         raise BadMessage(
             f"request message does not parse: Error parsing message with type '{name}'"
         ) from None
-    except _Unsplittable as exc:
+    except (_Unsplittable, GroupTooLarge) as exc:
         raise BadMessage(f"request message is too costly to parse: {exc}") from None
     return message
 
 
-class _Malformed(Exception):
-    """The wire data is not a protobuf message (upb would refuse it too)."""
-
-
 class _Unsplittable(Exception):
-    """A part that must parse in one step would hold the loop too long."""
+    """Parsing would take a step holding the loop too long, or grow without bound."""
 
 
 # What a length-delimited field holds, which decides how it may be split.
@@ -86,7 +88,7 @@ _MESSAGE, _REPEATED, _MAP, _VARINTS, _FIXED32S, _FIXED64S, _OPAQUE = range(7)
 _MESSAGES = (_MESSAGE, _REPEATED, _MAP)
 _PACKED = (_VARINTS, _FIXED32S, _FIXED64S)
 # How many bytes of payload count as one byte of dense wire data, as a shift.
-_PAYLOAD_SHIFT = {_MESSAGE: 0, _REPEATED: 0, _MAP: 0, _VARINTS: 3, _FIXED32S: 5,
+_PAYLOAD_SHIFT = {_MESSAGE: 0, _REPEATED: 0, _MAP: 0, _VARINTS: 2, _FIXED32S: 5,
                   _FIXED64S: 5, _OPAQUE: 5}
 _TYPES = FieldDescriptor
 _FIXED32_TYPES = {_TYPES.TYPE_FIXED32, _TYPES.TYPE_SFIXED32, _TYPES.TYPE_FLOAT}
@@ -96,6 +98,7 @@ _OPAQUE_TYPES = {_TYPES.TYPE_STRING, _TYPES.TYPE_BYTES, _TYPES.TYPE_GROUP}
 
 @dataclass(frozen=True, slots=True)
 class _Field:
+    """How a field's length-delimited occurrences are merged."""
     kind: int
     name: str
     message: Descriptor | None  # the sub-message type, for the message kinds
@@ -103,6 +106,7 @@ class _Field:
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
+    """A message type's fields, as slicing needs them."""
     fields: dict[int, _Field]  # by number
     entries: tuple[str, ...]  # repeated message fields and maps: their length is bounded
     arrays: tuple[tuple[str, int], ...]  # repeated scalars, with their least bytes per element
@@ -114,15 +118,12 @@ _LAYOUTS: dict[Descriptor, _Layout] = {}
 def _layout(descriptor: Descriptor) -> _Layout:
     layout = _LAYOUTS.get(descriptor)
     if layout is None:
-        fields = {fd.number: _Field(_kind(fd), fd.name, fd.message_type)
-                  for fd in descriptor.fields}
         repeated = [fd for fd in descriptor.fields if fd.label == _TYPES.LABEL_REPEATED]
         layout = _LAYOUTS[descriptor] = _Layout(
-            fields,
+            {fd.number: _Field(_kind(fd), fd.name, fd.message_type) for fd in descriptor.fields},
             tuple(fd.name for fd in repeated if fd.type == _TYPES.TYPE_MESSAGE),
             tuple((fd.name, _least_element_bytes(fd)) for fd in repeated
-                  if fd.type != _TYPES.TYPE_MESSAGE),
-        )
+                  if fd.type != _TYPES.TYPE_MESSAGE))
     return layout
 
 
@@ -141,9 +142,9 @@ def _kind(fd: FieldDescriptor) -> int:
 
 
 def _least_element_bytes(fd: FieldDescriptor) -> int:
-    if fd.type in _OPAQUE_TYPES:
-        return 2  # a tag and an empty length
-    return 4 if fd.type in _FIXED32_TYPES else 8 if fd.type in _FIXED64_TYPES else 1
+    # A string is at least a tag and a length; a number, one byte of a packed run.
+    return 2 if fd.type in _OPAQUE_TYPES else 4 if fd.type in _FIXED32_TYPES else (
+        8 if fd.type in _FIXED64_TYPES else 1)
 
 
 class _Room:
@@ -151,8 +152,6 @@ class _Room:
 
     upb's repeated-scalar ``extend`` reserves ``len()`` more slots before iterating; with
     room made once, merging a long run in slices never copies the array to grow it."""
-
-    __slots__ = ("size",)
 
     def __init__(self, size: int):
         self.size = size
@@ -167,7 +166,6 @@ class _Room:
 @dataclass(slots=True)
 class _Target:
     """A message being merged from ``[.., end)`` of the wire, with its growth watched."""
-
     message: Any
     layout: _Layout
     end: int
@@ -175,30 +173,32 @@ class _Target:
 
 
 def _cheap_whole(view: memoryview, layout: _Layout, budget: SliceBudget) -> bool:
-    """Whether the message is a few fields, costly only in bytes upb copies (big raw inputs).
+    """Whether the message is a few fields, costly only for one big payload upb copies.
 
-    Parsed whole, such a message is copied once; in slices, its big fields would be twice."""
-    pos, cost, end = 0, 0, len(view)
+    Parsed whole, a big raw input is copied once; merged alone, twice (upb copies a view
+    into bytes first). Whole wins when that payload is at least half the message."""
+    pos, cost, largest, end = 0, 0, 0, len(view)
     for _ in range(budget.plan_fields):
         if pos == end:
-            return True
-        number, wire, body, field_end = _read_field(view, pos, end, 0, budget)
+            break
+        number, wire, body, field_end = read_field(view, pos, end, 0, budget.max_unsplit_fields)
         field = layout.fields.get(number) if wire == 2 else None
-        kind = field.kind if field is not None else _OPAQUE
-        cost += field_end - pos if wire != 2 or kind in _MESSAGES else body - pos
+        if wire != 2 or (field is not None and field.kind in _MESSAGES):
+            cost += field_end - pos
+        else:
+            cost += body - pos
+            largest = max(largest, field_end - body)
         if cost > budget.slice_bytes:
             return False
         pos = field_end
-    return pos == end
+    return pos == end and 2 * largest >= end
 
 
 class _Slicer:
     """Merges one message's wire bytes into a message object, a bounded step at a time."""
 
     def __init__(self, view: memoryview, budget: SliceBudget):
-        self.view = view
-        self.budget = budget
-        self.mark = time.perf_counter()
+        self.view, self.budget, self.mark = view, budget, time.perf_counter()
 
     async def pace(self) -> None:
         if time.perf_counter() - self.mark >= self.budget.hold_s:
@@ -239,21 +239,24 @@ class _Slicer:
         pos, cost, scanned, may_guess, paced = start, 0, 0, True, start
         while cost + (end - pos) > budget:
             if may_guess and scanned >= self.budget.scan_fields:
-                may_guess = False
                 cut = self.guess_cut(start, end, depth)
                 if cut is not None:
                     self.apply(target, start, cut)
                     await self.pace()
                     start = pos = cut
-                    cost, scanned, may_guess = 0, 0, True
+                    cost = scanned = 0
                     continue
-            number, wire, body, field_end = _read_field(self.view, pos, end, depth, self.budget)
+                may_guess = False
+            number, wire, body, field_end = read_field(
+                self.view, pos, end, depth, self.budget.max_unsplit_fields)
             field = layout.fields.get(number)
-            weight = _weight(field, wire, pos, body, field_end)
+            kind = field.kind if field is not None and wire == 2 else _OPAQUE
+            weight = field_end - pos if wire != 2 else (
+                body - pos + ((field_end - body) >> _PAYLOAD_SHIFT[kind]))
             if weight > budget:
                 self.apply(target, start, pos)
                 await self.pace()
-                await self.merge_big(target, field, number, wire, (pos, body, field_end), depth)
+                await self.merge_big(target, field, kind, number, (pos, body, field_end), depth)
                 start, cost, scanned, may_guess = field_end, 0, 0, True
             elif cost + weight > budget:
                 self.apply(target, start, pos)
@@ -269,14 +272,13 @@ class _Slicer:
         self.apply(target, start, end)
         await self.pace()
 
-    async def merge_big(self, target: _Target, field: _Field | None, number: int, wire: int,
+    async def merge_big(self, target: _Target, field: _Field | None, kind: int, number: int,
                         span: tuple[int, int, int], depth: int) -> None:
         """One field costing more than a step: split it by its kind, or parse it whole."""
         pos, body, end = span
-        kind = field.kind if field is not None and wire == 2 else _OPAQUE
         if field is not None and kind in (_MESSAGE, _REPEATED):
-            if depth >= _MAX_NESTING:
-                raise _Malformed
+            if depth >= MAX_NESTING:
+                raise DecodeError
             holder = getattr(target.message, field.name)
             if kind == _REPEATED:
                 sub = holder.add()
@@ -294,21 +296,20 @@ class _Slicer:
             self.apply(target, pos, end)
             await self.pace()
 
-    async def merge_packed(self, target: _Target, number: int, kind: int, body: int,
+    async def merge_packed(self, target: _Target, number: int, kind: int, pos: int,
                            end: int) -> None:
         """A packed run is the concatenation of its elements: send it as several runs."""
-        tag = _encode_varint(number << 3 | 2)
+        tag = encode_varint(number << 3 | 2)
         piece = self.budget.slice_bytes << _PAYLOAD_SHIFT[kind]
         if kind != _VARINTS:
             width = 4 if kind == _FIXED32S else 8
             piece = max(width, piece - piece % width)
-        pos = body
         while pos < end:
             cut = min(pos + piece, end)
             if kind == _VARINTS and cut < end:
-                cut = _varint_boundary(self.view, cut, end)
+                cut = varint_boundary(self.view, cut, end)
             target.message.MergeFromString(
-                b"".join((tag, _encode_varint(cut - pos), self.view[pos:cut])))
+                b"".join((tag, encode_varint(cut - pos), self.view[pos:cut])))
             self.check(target, cut)
             pos = cut
             await self.pace()
@@ -325,7 +326,7 @@ class _Slicer:
         limit = min(end, start + budget)
         low = start + budget // 2
         target = random.randint(low, max(low, limit - 4 * span))
-        for cut in itertools.islice(_plausible_cuts(self.view, target, span, limit), 3):
+        for cut in itertools.islice(plausible_cuts(self.view, target, span, limit), 3):
             probe = self.view[start:cut]
             try:
                 if depth:
@@ -340,103 +341,6 @@ class _Slicer:
         return None
 
 
-def _weight(field: _Field | None, wire: int, pos: int, body: int, end: int) -> int:
-    if wire != 2:
-        return end - pos
-    kind = field.kind if field is not None else _OPAQUE
-    return body - pos + ((end - body) >> _PAYLOAD_SHIFT[kind])
-
-
-def _plausible_cuts(view: memoryview, target: int, span: int, limit: int) -> Iterator[int]:
-    """Ends of four fields decoding cleanly from points in ``[target, +span)``."""
-    seen = set()
-    for first in range(target, min(target + span, limit)):
-        pos: int | None = first
-        for _ in range(4):
-            assert pos is not None
-            pos = _plausible_end(view, pos, limit)
-            if pos is None:
-                break
-        if pos is not None and pos not in seen:
-            seen.add(pos)
-            yield pos
-
-
-def _plausible_end(view: memoryview, pos: int, limit: int) -> int | None:
-    try:
-        wire, pos = _read_tag(view, pos, limit)[1:]
-        return None if wire == 3 else _skip_value(view, wire, pos, limit)[1]
-    except _Malformed:
-        return None
-
-
-def _read_varint(view: memoryview, pos: int, end: int, most: int) -> tuple[int, int]:
-    value = shift = 0
-    for index in range(pos, min(pos + most, end)):
-        byte = view[index]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, index + 1
-        shift += 7
-    raise _Malformed
-
-
-def _read_tag(view: memoryview, pos: int, end: int) -> tuple[int, int, int]:
-    tag, pos = _read_varint(view, pos, end, 5)
-    if tag < 8 or tag > 0xFFFFFFFF:
-        raise _Malformed
-    return tag >> 3, tag & 7, pos
-
-
-def _read_field(view: memoryview, pos: int, end: int, depth: int,
-                budget: SliceBudget) -> tuple[int, int, int, int]:
-    """(number, wire type, payload start, end) of the field at ``pos``, framed as upb does."""
-    number, wire, body = _read_tag(view, pos, end)
-    if wire == 3:
-        field_end = _group_end(view, body, end, number, _MAX_NESTING - depth, budget)
-    else:
-        body, field_end = _skip_value(view, wire, body, end)
-    return number, wire, body, field_end
-
-
-def _skip_value(view: memoryview, wire: int, pos: int, end: int) -> tuple[int, int]:
-    """(payload start, end) of a field's value that is not a group."""
-    if wire == 0:
-        field_end = _read_varint(view, pos, end, 10)[1]
-    elif wire == 2:
-        size, pos = _read_varint(view, pos, end, 10)
-        if size >= 0x7FFFFFFF:
-            raise _Malformed
-        field_end = pos + size
-    elif wire in (1, 5):
-        field_end = pos + (8 if wire == 1 else 4)
-    else:
-        raise _Malformed  # an end-group outside its group, or wire type 6 or 7
-    if field_end > end:
-        raise _Malformed
-    return pos, field_end
-
-
-def _group_end(view: memoryview, pos: int, end: int, number: int, room: int,
-               budget: SliceBudget) -> int:
-    """Where the group opened with ``number`` closes; it must hold few fields."""
-    opened = [number]
-    for _ in range(budget.max_unsplit_fields):
-        if len(opened) > room:
-            raise _Malformed  # deeper than upb's nesting limit
-        inner, wire, pos = _read_tag(view, pos, end)
-        if wire == 4:
-            if inner != opened.pop():
-                raise _Malformed
-            if not opened:
-                return pos
-        elif wire == 3:
-            opened.append(inner)
-        else:
-            pos = _skip_value(view, wire, pos, end)[1]
-    raise _Unsplittable(f"a group holds more than {budget.max_unsplit_fields} fields")
-
-
 def _check_unsplit(view: memoryview, span: tuple[int, int], descriptor: Descriptor,
                    depth: int, budget: SliceBudget) -> None:
     """Refuse a part that must parse whole if upb would read too many fields in it.
@@ -447,7 +351,8 @@ def _check_unsplit(view: memoryview, span: tuple[int, int], descriptor: Descript
     while pending:
         pos, stop, layout, level = pending.pop()
         while pos < stop:
-            number, wire, body, field_end = _read_field(view, pos, stop, level, budget)
+            number, wire, body, field_end = read_field(
+                view, pos, stop, level, budget.max_unsplit_fields)
             field = layout.fields.get(number) if wire == 2 else None
             if field is not None and field.message is not None and field.kind in _MESSAGES:
                 pending.append((body, field_end, _layout(field.message), level + 1))
@@ -457,25 +362,6 @@ def _check_unsplit(view: memoryview, span: tuple[int, int], descriptor: Descript
                 fields += (field_end - body) >> 1  # as many fields as its bytes allow
             fields += 1
             if fields > budget.max_unsplit_fields:
-                raise _Unsplittable(
-                    f"a part of {span[1] - span[0]} bytes that parses in one step holds more "
-                    f"than {budget.max_unsplit_fields} fields"
-                )
+                raise _Unsplittable(f"a map entry of {span[1] - span[0]} bytes holds more "
+                                    f"than {budget.max_unsplit_fields} fields")
             pos = field_end
-
-
-def _varint_boundary(view: memoryview, pos: int, end: int) -> int:
-    """The first element boundary at or after ``pos`` in a packed varint run."""
-    for index in range(pos - 1, min(pos + 9, end)):
-        if view[index] < 0x80:
-            return index + 1
-    raise _Malformed
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
