@@ -182,6 +182,14 @@ def test_too_many_entries_in_one_repeated_message_field_is_refused() -> None:
         parse(data, SliceBudget(inline_bytes=0, slice_bytes=1024, max_entries=1000))
 
 
+def test_a_long_run_resumed_in_a_later_occurrence_of_its_message_is_refused() -> None:
+    # Growing the first occurrence's array for the second would copy it in one step.
+    first = field(5, b"\x42\x00" * ((1 << 21) + 1))
+    data = field(5, field(1, b"T") + first + field(5, b"\x42\x00" * 100_000))
+    with pytest.raises(BadMessage, match="'bytes_contents' continues in another occurrence"):
+        parse(data)
+
+
 def test_map_entry_past_the_budget_parses_whole_if_cheap_and_is_refused_if_not() -> None:
     cheap = field(4, field(1, b"k") + field(2, field(4, b"s" * 5000)))
     assert_same(field(1, b"m") + cheap)

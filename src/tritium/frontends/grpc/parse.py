@@ -34,12 +34,12 @@ _SCAN_PACE_BYTES = 8192
 class SliceBudget:
     """How much parsing one step on the event loop may do.
 
-    Costs count bytes of the densest wire data (tiny sub-messages, ~30 ns a byte in upb);
+    Costs count bytes of the densest wire data (tiny sub-messages, up to ~55 ns a byte);
     payloads upb only copies (strings, bytes, unknown fields, packed fixed-width numbers)
     count a 32nd of their length, packed varints a 4th."""
 
-    inline_bytes: int = 128 * 1024  # messages this small are one FromString, as before
-    slice_bytes: int = 128 * 1024  # what one merge step may cost
+    inline_bytes: int = 64 * 1024  # messages this small are one FromString, as before
+    slice_bytes: int = 64 * 1024  # what one merge step may cost (<= ~4 ms in upb)
     hold_s: float = 0.002  # once parsing has run this long, let the loop run
     scan_fields: int = 32  # fields read one at a time before guessing a cut further on
     plan_fields: int = 1024  # a message of fewer, cheap fields parses whole (one copy)
@@ -55,6 +55,7 @@ async def parse_message(
 ) -> M:
     """``message_type.FromString(data)``, yielding to the loop while a big message parses.
 
+    ``data`` must not change until the parse returns.
     Raises ``BadMessage`` (INVALID_ARGUMENT) for bytes that do not parse, and for shapes
     whose parse cannot be bounded (more than ``max_entries`` sub-messages in one field, a
     huge map entry or group of tiny fields)."""
@@ -183,11 +184,14 @@ def _cheap_whole(view: memoryview, layout: _Layout, budget: SliceBudget) -> bool
             break
         number, wire, body, field_end = read_field(view, pos, end, 0, budget.max_unsplit_fields)
         field = layout.fields.get(number) if wire == 2 else None
-        if wire != 2 or (field is not None and field.kind in _MESSAGES):
+        kind = field.kind if field is not None else _OPAQUE
+        if wire != 2:
             cost += field_end - pos
-        else:
+        elif kind in (_OPAQUE, _FIXED32S, _FIXED64S):  # copied, not read
             cost += body - pos
             largest = max(largest, field_end - body)
+        else:
+            cost += body - pos + ((field_end - body) >> _PAYLOAD_SHIFT[kind])
         if cost > budget.slice_bytes:
             return False
         pos = field_end
