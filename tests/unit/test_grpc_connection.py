@@ -360,6 +360,28 @@ def test_lost_connection_cancels_every_call_as_client_disconnected() -> None:
     run(body())
 
 
+def test_lost_connection_lets_go_of_every_byte_it_held() -> None:
+    async def body() -> None:
+        service = Service()
+        peer = Peer(service)
+        budget = peer.conn.inbound._budget
+        stream_id = peer.start("/t.S/Stream", end=False)
+        call = await service.next_call()
+        announced = 4 * 2**20
+        partial = b"\x00" + announced.to_bytes(4, "big") + bytes(2**19)  # an eighth of it
+        peer.raw(_data(stream_id, len(partial)).replace(bytes(len(partial)), partial))
+        peer.raw(frame(FrameType.DATA, 0, 1, b"\x00" * 5000)[:2000])  # an incomplete frame
+        assert call.reader.partial == len(partial)
+        assert budget.held >= len(partial)
+        peer.conn.lost()
+        await finished(call)
+        # The call's task may outlive the connection a little; the bytes it held do not.
+        assert call.reader.partial == 0 and not call.messages
+        assert budget.held == 0
+        assert peer.conn._reader._held == 0
+    run(body())
+
+
 def test_deadline_ends_the_call_with_deadline_exceeded() -> None:
     async def body() -> None:
         service = Service()

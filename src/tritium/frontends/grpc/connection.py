@@ -126,6 +126,7 @@ class GrpcConnection:
         for call in list(self.calls.values()):
             self._move(call, CallEvent.LOST, reason=CancelReason.CLIENT_DISCONNECTED)
         self.inbound.close()
+        self._reader.clear()
         self.wake_writers()
 
     def set_write_paused(self, paused: bool) -> None:

@@ -97,6 +97,13 @@ class FrameReader:
             self._hold(memoryview(data)[pos:])
         return frames
 
+    def clear(self) -> None:
+        """Drop whatever is held (the connection is gone)."""
+        self._pieces.clear()
+        self._held = 0
+        self._block = bytearray()
+        self._block_frame = None
+
     @property
     def in_header_block(self) -> bool:
         return self._block_frame is not None

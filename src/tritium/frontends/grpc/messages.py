@@ -45,6 +45,9 @@ class MessageReader:
         self.limit = limit
         self._buf = bytearray()
 
+    def clear(self) -> None:
+        self._buf = bytearray()
+
     @property
     def partial(self) -> int:
         """Bytes of an incomplete message held."""
