@@ -8,9 +8,11 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from tritium.core.errors import TritiumError
+from tritium.frontends.grpc import parse
 from tritium.frontends.grpc.call import CALL_BROKEN, BadMessage, Call, parse_message
 from tritium.frontends.grpc.call_state import DECIDED
 from tritium.frontends.grpc.messages import Message, inflate
+from tritium.frontends.grpc.parse import DEFAULT_BUDGET
 from tritium.frontends.grpc.status import GrpcStatus, grpc_status
 from tritium.frontends.grpc.wire import length_prefixed
 
@@ -43,7 +45,8 @@ async def read_message(conn: GrpcConnection, call: Call, message: Message) -> An
             body = await inflate(body, call.encoding, conn.inbound.message_limit)
         except ValueError as exc:
             raise BadMessage(str(exc), GrpcStatus.INTERNAL) from None
-    return parse_message(call.rpc.request_type.FromString, body)
+    # A big message is parsed in slices, so the loop serves others meanwhile.
+    return await parse.parse_message(call.rpc.request_type, body)
 
 
 
@@ -51,7 +54,7 @@ async def serve_unary(conn: GrpcConnection, call: Call, message: Message) -> Non
     handler = call.rpc.unary
     assert handler is not None
     try:
-        if message.compressed:
+        if message.compressed or len(message.body) > DEFAULT_BUDGET.inline_bytes:
             request = await read_message(conn, call, message)
         else:  # the usual case, without a coroutine for it
             request = parse_message(call.rpc.request_type.FromString, message.body)
