@@ -26,6 +26,10 @@ class RequestStage(enum.Enum):
     EXECUTING = "executing"
     DONE = "done"
 
+    # Members are singletons: identity hashes in C, where Enum's own hash runs Python on
+    # every move of every request.
+    __hash__ = object.__hash__
+
 
 # Every legal move; anything else is a scheduling bug. DONE is final: a request that
 # left the queue cancelled or finished executing never runs again.
