@@ -190,7 +190,7 @@ def test_every_endpoint_that_takes_a_name_refuses_a_traversal_name(
 @pytest.mark.parametrize("path, words", [
     ("../escape.py", "within the model directory"),
     ("1/../../../escape.py", "within the model directory"),
-    ("{root}/escape.py", "relative"),
+    ("/../escape.py", "within the model directory"),
     ("1/model\x00.py", "control character"),
     ("/".join(["d"] * 2000) + "/model.py", "bytes long"),
     ("/".join(["d"] * 40) + "/model.py", "levels deep"),
@@ -225,6 +225,30 @@ def test_grpc_override_paths_are_refused_before_writing(
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert words in str(error.message())
     assert sandbox.files() == before and sandbox.override_dirs() == []
+
+
+def test_a_leading_slash_lands_inside_the_model_directory(server: TritiumProcess,
+                                                          sandbox: Sandbox) -> None:
+    """Triton joins a ``file:`` key onto the model directory before checking it stays
+    inside, so its own tests' ``file:/1/model.py`` is the version file and an "absolute"
+    key is one more file under the model: over HTTP and gRPC, nothing lands outside."""
+    outside = sandbox.root / "escape.py"
+    parameters = {"config": CONFIG,
+                  "file:/1/model.py": base64.b64encode(IDENTITY.encode()).decode(),
+                  f"file:{outside}": base64.b64encode(b"x").decode()}
+    assert load(server, "slashed", parameters).status_code == 200
+    assert infer(server, "slashed").json()["outputs"][0]["data"] == [1.0, 2.0]
+    [model_dir] = [found / "slashed" for found in sandbox.override_dirs()]
+    assert (model_dir / "1" / "model.py").read_text() == IDENTITY
+    assert (model_dir / str(outside).lstrip("/")).read_bytes() == b"x"
+    assert not outside.exists()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.load_model("slashed", config=CONFIG,
+                          files={"file:/1/model.py": IDENTITY.encode()})
+        assert client.is_model_ready("slashed")
+        client.unload_model("slashed")
+    wait_until(lambda: sandbox.override_dirs() == [])
+    assert not outside.exists()
 
 
 def test_override_directory_is_private_and_removed_on_unload_and_reload(

@@ -42,8 +42,8 @@ def test_base64_text_and_raw_bytes_decode_to_normalized_paths() -> None:
 @pytest.mark.parametrize("path, problem", [
     ("../evil.py", "within the model directory"),
     ("1/../../evil.py", "within the model directory"),
-    ("/tmp/evil.py", "relative"),
-    ("//etc/x", "relative"),
+    ("/../evil.py", "within the model directory"),
+    ("/", "names no file"),
     ("1\\..\\evil.py", "backslash"),
     ("1/model\x00.py", "control character"),
     ("1/a\nb", "control character"),
@@ -59,6 +59,19 @@ def test_paths_outside_a_plain_relative_layout_are_refused(path: str, problem: s
     assert "invalid file override path" in message
     assert problem in message
     assert "\x00" not in message and len(message) < 400
+
+
+@pytest.mark.parametrize("path, inside", [
+    ("/1/model.py", "1/model.py"),
+    ("//1/model.py", "1/model.py"),
+    ("/tmp/evil.py", "tmp/evil.py"),
+])
+def test_a_leading_slash_names_a_path_inside_the_model_directory(path: str,
+                                                                  inside: str) -> None:
+    """Triton's load handler joins the text after ``file:`` onto the model directory (its
+    path join drops or doubles the separator, canonicalization collapses it) and only then
+    checks the result stays inside: a leading slash is not an absolute path there."""
+    assert override_path("m", f"file:{path}") == inside
 
 
 def test_two_keys_for_one_file_are_refused() -> None:
@@ -105,6 +118,11 @@ def test_parameters_that_are_not_an_object_are_refused(parameters: Any) -> None:
 
 def test_override_path_normalizes() -> None:
     assert override_path("m", "file:1/./sub//model.py") == "1/sub/model.py"
+
+
+def test_a_slashed_and_a_plain_key_for_one_file_are_refused() -> None:
+    message = refused({"config": "{}", "file:1/model.py": b"a", "file:/1/model.py": b"b"})
+    assert "name the same file" in message
 
 
 def test_written_directory_is_private_and_removed(tmp_path: Path) -> None:

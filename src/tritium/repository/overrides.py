@@ -93,8 +93,12 @@ def _decode_files(name: str, raw: Mapping[str, Any], limits: OverrideLimits
 
 def override_path(name: str, key: str, limits: OverrideLimits = DEFAULT_LIMITS) -> str:
     """The normalized relative path a ``file:<path>`` key names; INVALID_ARG unless it is
-    plainly inside the model directory (Triton also refuses what would leave it)."""
-    path = key[len(FILE_PREFIX):]
+    plainly inside the model directory (Triton also refuses what would leave it).
+
+    Leading slashes are dropped: Triton joins the key onto the model directory and
+    canonicalizes, so ``file:/1/model.py`` (as its own tests send) is ``1/model.py`` there.
+    """
+    path = key[len(FILE_PREFIX):].lstrip("/")
     problem = _path_problem(path, limits)
     if problem:
         raise _invalid(name, f"invalid file override path in parameter '{shown(key)}': "
@@ -110,8 +114,6 @@ def _path_problem(path: str, limits: OverrideLimits) -> str:
         return "the path holds a control character (NUL included)"
     if "\\" in path:
         return "the path holds a backslash; use '/' between directories"
-    if path.startswith("/"):
-        return "the path must be relative to the model directory"
     parts = PurePosixPath(path).parts
     if not parts:
         return "the path names no file"
