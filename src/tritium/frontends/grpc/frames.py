@@ -19,6 +19,8 @@ from tritium.frontends.grpc.http2 import (
     strip_padding,
 )
 
+_HEADERS = FrameType.HEADERS.value
+
 # A header block split into more pieces than this is a flood (CVE-2024-27316 and kin): real
 # clients send a block in one or two frames.
 MAX_CONTINUATIONS = 32
@@ -137,11 +139,19 @@ class FrameReader:
             end = pos + 9 + length
             if end > size:
                 break
-            found = Frame(word & 0xFF, flags, stream_id & 0x7FFFFFFF, view[pos + 9:end])
+            kind = word & 0xFF
+            found = Frame(kind, flags, stream_id & 0x7FFFFFFF, view[pos + 9:end])
             pos = end
-            whole = self._assemble(found)
-            if whole is not None:
-                frames.append(whole)
+            if kind > _HEADERS or self._block_frame is not None:  # not DATA, or in a block
+                whole = self._assemble(found)
+                if whole is not None:
+                    frames.append(whole)
+            elif kind == _HEADERS:
+                whole = self._start_block(found)
+                if whole is not None:
+                    frames.append(whole)
+            else:
+                frames.append(found)
         return pos
 
     def _assemble(self, found: Frame) -> Frame | None:

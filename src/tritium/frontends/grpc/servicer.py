@@ -111,7 +111,8 @@ class InferenceServicer:
     # -- inference -------------------------------------------------------------
     async def ModelInfer(self, message: Any, call: Call) -> list[bytes | memoryview]:
         # The call's cancellation: the transport cancels it however the call ends early.
-        request = await decode_request(self.service, message)
+        request = decode_small_request(self.service, message) or \
+            await decode_request(self.service, message)
         response = await self.service.infer(request, call.cancellation)
         if offload.heavy(offload.response_bytes(response)):
             return await offload.run(codec.encode_infer_response, response, request)
@@ -169,6 +170,14 @@ class StreamSession:
                 call.write(message)
                 if call.blocked:
                     await call.drain()
+
+
+def decode_small_request(service: InferenceService, message: Any) -> InferenceRequest | None:
+    """The usual small request decoded at once, without a coroutine; None for a big one."""
+    model = service.model(message.model_name, codec.parse_version(message.model_version))
+    if offload.heavy(codec.request_bytes(message)):
+        return None
+    return codec.decode_infer_request(message, model)
 
 
 async def decode_request(service: InferenceService, message: Any) -> InferenceRequest:
