@@ -159,3 +159,19 @@ def test_bls_async_exec(server: TritiumProcess) -> None:
                           timeout=30)
     assert reply.status_code == 200, reply.text
     assert reply.json()["OUTPUT0"] == [2.0, 8.0]
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+@pytest.mark.parametrize("body, repeated", [
+    ('{"text_input": "a", "stream": false, "text_input": "b"}', "text_input"),
+    ('{"text_input": "a", "stream": false, "stream": true, "text_input": "b"}', "stream"),
+])
+def test_generate_refuses_an_input_given_twice(server: TritiumProcess, endpoint: str,
+                                               body: str, repeated: str) -> None:
+    """Triton's generate endpoint test sends such bodies as raw text and expects a JSON
+    error naming the first repeated input ("input '<name>' already exists in request"),
+    on both endpoints, before any response is streamed."""
+    reply = requests.post(url(server, "llm", endpoint), data=body, timeout=30)
+    assert reply.status_code == 400
+    assert reply.headers["Content-Type"] == "application/json"
+    assert f"input '{repeated}' already exists in request" in reply.json()["error"]

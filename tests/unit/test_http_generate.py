@@ -157,6 +157,28 @@ def test_input_named_parameters_conflicts_with_the_nested_object() -> None:
     expect_invalid("Keyword 'parameters' for nested schema", {"parameters": {}}, model(0, clash))
 
 
+@pytest.mark.parametrize("body, repeated", [
+    (b'{"text_input": "a", "stream": false, "text_input": "b"}', "text_input"),
+    (b'{"text_input": "a", "stream": false, "stream": true, "text_input": "b"}', "stream"),
+    (b'{"text_input": "a", "parameters": {"text_input": "b"}}', "text_input"),
+    (b'{"text_input": "a", "\\u0074ext_input": "b"}', "text_input"),
+    (b'{"text_input": "text_input", "text_input": "b"}', "text_input"),
+])
+def test_an_input_given_twice_is_refused(body: bytes, repeated: str) -> None:
+    """Triton adds each generate member as an input when it reaches it, in the order
+    written, and the second add of one name fails with "input '<name>' already exists in
+    request" (its request-id prefix included); the first repeat is the one named."""
+    expect_invalid(rf"^\[request id: <id_unknown>\] input '{repeated}' already exists in "
+                   "request$", body, model(0, TEXT, FLAG))
+
+
+def test_a_name_repeated_only_inside_values_is_one_input() -> None:
+    body = b'{"text_input": "say \\"text_input\\"", "note": "text_input"}'
+    request = decode(body, model(0, TEXT))
+    assert request.inputs["text_input"].data.tolist() == [b'say "text_input"']
+    assert request.parameters == {"note": "text_input"}
+
+
 def test_input_size_limit() -> None:
     with pytest.raises(TritiumError, match="--http-max-input-size"):
         decode({"ids": list(range(10))}, model(0, IDS), max_input_size=16)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from typing import Any
@@ -61,6 +62,7 @@ def decode_generate_request(
     if type(request_id) is not str:
         raise invalid("Unable to parse 'id': expected a string")
     request.id = request_id
+    _refuse_repeated_inputs(body, doc, model, request)
     budget = _InputBudget(max_input_size)
     for key, value in doc.items():
         if key == NESTED_KEY:
@@ -68,6 +70,53 @@ def decode_generate_request(
         else:
             _map_key(request, model, key, value, budget)
     return request
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """An object's members in the order written, repeats kept (orjson keeps the last)."""
+
+
+def _refuse_repeated_inputs(body: bytes | bytearray | memoryview, doc: dict[str, Any],
+                            model: ModelHandle, request: InferenceRequest) -> None:
+    """INVALID_ARG when an input name is given twice, top-level or under ``parameters``:
+    Triton adds each member as it reads it, and a second add of one input is refused."""
+    nested = doc.get(NESTED_KEY)
+    names = [key for key in doc if key in model.inputs]
+    if type(nested) is dict:
+        names += [key for key in nested if key in model.inputs]
+    if not names or _written_once(bytes(body), names):
+        return
+    seen: set[str] = set()
+    for name in _member_names(bytes(body)):
+        if name in model.inputs:
+            if name in seen:
+                raise invalid(f"[request id: {request.describe()}] input '{name}' already "
+                              "exists in request")
+            seen.add(name)
+
+
+def _written_once(body: bytes, names: list[str]) -> bool:
+    """True when each name can only be one member: without a backslash in the body, a key
+    is written exactly as orjson writes it, so one occurrence of that text is one member.
+    A C scan per name; a repeat, or the name in a value, needs the exact walk."""
+    return b"\\" not in body and len(set(names)) == len(names) and all(
+        body.count(orjson.dumps(name)) == 1 for name in names)
+
+
+def _member_names(body: bytes) -> list[str]:
+    """The top-level member names in the order written, repeats kept, with those of
+    ``parameters`` in its place (Triton maps them when it reaches that key)."""
+    names: list[str] = []
+    try:
+        top = json.loads(body, object_pairs_hook=_Pairs)
+    except (RecursionError, ValueError) as exc:  # orjson took it: only deep or odd numbers
+        raise invalid(f"failed to parse the request JSON buffer: {type(exc).__name__}") from None
+    for key, value in top:
+        if key == NESTED_KEY and isinstance(value, _Pairs):
+            names += [nested for nested, _ in value]
+        else:
+            names.append(key)
+    return names
 
 
 def _map_nested(
