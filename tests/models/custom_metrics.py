@@ -7,13 +7,17 @@ BUCKETS = [1.0, 2.5, 10.0]
 
 class TritonPythonModel:
     def initialize(self, args):
-        requests = pb_utils.MetricFamily(
-            "custom_metrics_requests", "Requests executed", pb_utils.MetricFamily.COUNTER)
-        last_sum = pb_utils.MetricFamily(
-            "custom_metrics_last_sum", "Sum of the last request's input",
-            pb_utils.MetricFamily.GAUGE)
-        values = pb_utils.MetricFamily(
-            "custom_metrics_input_value", "Input values seen", pb_utils.MetricFamily.HISTOGRAM)
+        # The families are kept: in Triton a metric stops working once its family is gone.
+        self.families = requests, last_sum, values = (
+            pb_utils.MetricFamily(
+                "custom_metrics_requests", "Requests executed", pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(
+                "custom_metrics_last_sum", "Sum of the last request's input",
+                pb_utils.MetricFamily.GAUGE),
+            pb_utils.MetricFamily(
+                "custom_metrics_input_value", "Input values seen",
+                pb_utils.MetricFamily.HISTOGRAM),
+        )
         # Labels given out of order: /metrics prints them sorted by name.
         labels = {"zone": "z1", "app": "demo"}
         self.requests = requests.Metric(labels=labels)

@@ -1,9 +1,10 @@
 """Prometheus families with Triton's names, read from each model's statistics, and the
-families models register themselves (pb_utils.MetricFamily), read from their snapshots."""
+families models register themselves (pb_utils.MetricFamily), written from their snapshots."""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -13,7 +14,6 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from tritium.core.statistics import STOP_BUCKETS_MS, ModelStatistics
 
@@ -110,20 +110,24 @@ class FamilyView(Protocol):
     def series(self) -> Sequence[SeriesView]: ...
 
 
-class CustomCollector(Collector):
-    """Models' own families, printed the way Triton prints its own."""
+class CustomCollector:
+    """Models' own families, in the text prometheus-cpp writes for Triton: labels sorted by
+    name with a histogram's "le" last, counts as integers, values as C++ streams print a
+    double at 16 significant digits ("1", "0.1", "7.55"), and count, sum, then buckets."""
 
     def __init__(self, families: Callable[[], Iterable[FamilyView]]):
         self._families = families
         self._warned: set[str] = set()
 
-    def collect(self) -> Iterator[Metric]:
+    def render(self) -> str:
+        lines: list[str] = []
         for family in self._families():
             if family.name in BUILTIN_NAMES:
                 # Two families of one name would make the whole scrape invalid.
                 self._warn_once(family.name)
                 continue
-            yield _custom_family(family)
+            lines.extend(_family_lines(family))
+        return "".join(f"{line}\n" for line in lines)
 
     def _warn_once(self, name: str) -> None:
         if name not in self._warned:
@@ -132,30 +136,48 @@ class CustomCollector(Collector):
                         name)
 
 
-def _custom_family(family: FamilyView) -> Metric:
+def format_value(value: float) -> str:
+    """A double as prometheus-cpp writes it (an ostream at precision 16)."""
+    if math.isnan(value):
+        return "Nan"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return f"{value:.16g}"
+
+
+def _escape(text: str, quote: bool) -> str:
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace('"', '\\"') if quote else text
+
+
+def _sample(name: str, labels: Mapping[str, str], value: str, le: str | None = None) -> str:
+    pairs = [f'{key}="{_escape(text, True)}"' for key, text in sorted(labels.items())]
+    if le is not None:
+        pairs.append(f'le="{le}"')
+    return f"{name}{{{','.join(pairs)}}} {value}" if pairs else f"{name} {value}"
+
+
+def _family_lines(family: FamilyView) -> Iterator[str]:
     name = family.name
-    # A counter built by hand like Triton's, so its samples carry no "_total" either.
-    metric = Metric(name, family.description, family.kind)
+    if family.description:
+        yield f"# HELP {name} {_escape(family.description, False)}"
+    yield f"# TYPE {name} {family.kind}"
     for series in family.series:
-        labels = _sorted(dict(series.labels))
+        labels = series.labels
         if family.kind != "histogram":
-            metric.add_sample(name, labels, series.value)
+            yield _sample(name, labels, format_value(series.value))
             continue
+        yield _sample(f"{name}_count", labels, str(series.count))
+        yield _sample(f"{name}_sum", labels, format_value(series.value))
         for bound, count in series.buckets:
-            le = floatToGoString(bound)
-            metric.add_sample(f"{name}_bucket", _sorted({**labels, "le": le}), count)
-        metric.add_sample(f"{name}_count", labels, series.count)
-        metric.add_sample(f"{name}_sum", labels, series.value)
-    return metric
+            yield _sample(f"{name}_bucket", labels, str(count), le=format_value(bound))
 
 
 class TritonCollector(Collector):
-    """Triton's families for every loaded model version, then the models' own (``custom``)."""
+    """Triton's families for every loaded model version."""
 
-    def __init__(self, models: Callable[[], Iterable[ModelView]],
-                 custom: Callable[[], Iterable[FamilyView]] | None = None):
+    def __init__(self, models: Callable[[], Iterable[ModelView]]):
         self._models = models
-        self._custom = CustomCollector(custom) if custom is not None else None
 
     def collect(self) -> Iterator[Metric]:
         models = [(m, m.statistics(), {"model": m.name, "version": str(m.version)})
@@ -170,8 +192,6 @@ class TritonCollector(Collector):
         yield self._load_time(models)
         yield self._cancellations(models)
         yield from self._stop_delay(models)
-        if self._custom is not None:
-            yield from self._custom.collect()
 
     def _failures(self, models: list[Any]) -> Metric:
         name = FAILURES

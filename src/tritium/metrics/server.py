@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from tritium.frontends.http.exchange import HttpExchange
 from tritium.frontends.http.limits import HttpLimits
 from tritium.frontends.http.transport import HttpServer, start_http_server
-from tritium.metrics.collector import TritonCollector
+from tritium.metrics.collector import CustomCollector, TritonCollector
 
 log = logging.getLogger("tritium.metrics")
 
@@ -32,8 +32,11 @@ _TEXT = [("Content-Type", "text/plain")]
 _EXPOSITION = [("Content-Type", CONTENT_TYPE_LATEST)]
 
 
-def render(registry: CollectorRegistry) -> bytes:
-    return _TOTAL_HEADER.sub(rb"# \1 \2 ", generate_latest(registry))
+def render(registry: CollectorRegistry, custom: CustomCollector | None = None) -> bytes:
+    """Triton's families, then the models' own (written by hand: prometheus-client would
+    print their numbers differently from Triton)."""
+    text = _TOTAL_HEADER.sub(rb"# \1 \2 ", generate_latest(registry))
+    return text if custom is None else text + custom.render().encode()
 
 
 def metrics_limits(http: HttpLimits) -> HttpLimits:
@@ -50,7 +53,8 @@ class MetricsServer:
     def __init__(self, models: Callable[[], Iterable[Any]],
                  custom: Callable[[], Iterable[Any]] | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(TritonCollector(models, custom))
+        self.registry.register(TritonCollector(models))
+        self._custom = CustomCollector(custom) if custom is not None else None
         self._server: HttpServer | None = None
         self._rendering: asyncio.Future[bytes] | None = None
 
@@ -92,7 +96,8 @@ class MetricsServer:
         rendering = self._rendering
         if rendering is None:
             loop = asyncio.get_running_loop()
-            rendering = self._rendering = loop.run_in_executor(None, render, self.registry)
+            rendering = self._rendering = loop.run_in_executor(None, render, self.registry,
+                                                               self._custom)
             rendering.add_done_callback(self._rendered)
         return await asyncio.shield(rendering)
 

@@ -1,10 +1,14 @@
 """pb_utils.MetricFamily and Metric: custom model metrics, read by the metrics endpoint.
 
-Families live in one process-wide registry keyed by name: a second family with the same
-name, description and kind shares the first one's series, and ``Metric(labels=...)`` with
-labels already in use returns that series, so /metrics never shows a series twice.
+Families live in one process-wide registry keyed by name, as in Triton's Prometheus
+registry: a second family with the same name and kind shares the first one's series (and
+keeps the first description), one of another kind is refused. Each ``Metric()`` call returns
+a new handle on the series its labels name; when the MetricFamily object a handle came from
+is deleted, the handle stops working, as Triton's stub clears a family's metrics with it.
 Models update metrics from their instance threads and the endpoint reads them from its own,
-so every read and write holds the metric's lock; exporters read ``snapshot()``s.
+so every read and write holds the series' lock; exporters read ``snapshot()``s.
+Every refusal Triton reports as an error is a TritonModelException with Triton's text; a
+wrong argument type is a TypeError, as pybind11 raises it.
 """
 
 from __future__ import annotations
@@ -15,11 +19,15 @@ import itertools
 import math
 import re
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import ClassVar
 
-# Prometheus's (pre-UTF-8) naming rules, as prometheus-client enforces them.
+from tritium.backends.python.errors import TritonModelException
+from tritium.core import messages
+
+# Prometheus's (pre-UTF-8) naming rules, as prometheus-cpp enforces them.
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Histogram samples carry "le" themselves; "__" names are reserved for Prometheus.
@@ -56,84 +64,178 @@ class FamilySnapshot:
     series: tuple[SeriesSnapshot, ...]
 
 
-def _check_labels(labels: dict[str, str], kind: MetricKind) -> dict[str, str]:
+def _refused(template: str, reason: str) -> TritonModelException:
+    return TritonModelException(template.format(reason=reason))
+
+
+def _unsupported(template: str, kind: MetricKind, operation: str) -> TritonModelException:
+    return _refused(template, messages.METRIC_UNSUPPORTED.format(kind=kind.name,
+                                                                 operation=operation))
+
+
+def _as_double(value: object) -> float:
+    """A number as pybind11 converts it to a C++ double; anything else is a TypeError."""
+    if isinstance(value, str | bytes | bytearray):
+        raise TypeError(f"incompatible function arguments: expected a float, got {value!r}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TypeError(f"incompatible function arguments: expected a float, "
+                        f"got {value!r}") from None
+
+
+def _check_labels(labels: object, kind: MetricKind) -> dict[str, str]:
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict):
+        raise TritonModelException(messages.METRIC_LABELS_NOT_DICT)
     for key, value in labels.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"metric labels must map str to str, got {key!r}: {value!r}")
-        if not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
-            raise ValueError(f"invalid metric label name {key!r}")
-        if kind is MetricKind.HISTOGRAM and key == _HISTOGRAM_LABEL:
-            raise ValueError(f"label {key!r} is reserved on a histogram metric")
+        if not isinstance(key, str) or not _LABEL_NAME.fullmatch(key) or key.startswith("__") \
+                or (kind is MetricKind.HISTOGRAM and key == _HISTOGRAM_LABEL):
+            raise _refused(messages.METRIC_CREATE, messages.METRIC_INVALID_LABEL)
+        if not isinstance(value, str):
+            raise _refused(messages.METRIC_CREATE,
+                           messages.METRIC_LABEL_VALUE.format(name=key))
     return dict(labels)
 
 
-def _bucket_bounds(buckets: Iterable[float]) -> tuple[float, ...]:
+def _check_buckets(buckets: object, kind: MetricKind) -> tuple[float, ...]:
     """Finite upper bounds, strictly increasing; +Inf is always the implicit last bucket."""
-    bounds = [float(b) for b in buckets]
+    if buckets is None:
+        if kind is MetricKind.HISTOGRAM:
+            raise TritonModelException(messages.METRIC_MISSING_BUCKETS)
+        return ()
+    if not isinstance(buckets, list):
+        raise TritonModelException(messages.METRIC_BUCKETS_NOT_LIST)
+    if kind is not MetricKind.HISTOGRAM:
+        raise TritonModelException(messages.METRIC_UNEXPECTED_BUCKETS)
+    bounds = [_as_double(b) for b in buckets]
     if bounds and bounds[-1] == math.inf:
         bounds.pop()
-    if any(math.isnan(b) or math.isinf(b) for b in bounds):
-        raise ValueError(f"histogram buckets must be finite (+Inf only last): {bounds}")
-    if any(a >= b for a, b in itertools.pairwise(bounds)):
-        raise ValueError(f"histogram buckets must be strictly increasing: {bounds}")
+    if any(math.isnan(b) or math.isinf(b) for b in bounds) \
+            or any(a >= b for a, b in itertools.pairwise(bounds)):
+        raise _refused(messages.METRIC_CREATE, messages.METRIC_UNSORTED_BUCKETS)
     return tuple(bounds)
 
 
-class Metric:
-    """One labelled series of a family."""
+class _Series:
+    """The values of one labelled series, shared by every handle on it."""
 
-    def __init__(self, kind: MetricKind, labels: dict[str, str], buckets: list[float] | None):
+    def __init__(self, kind: MetricKind, labels: dict[str, str], bounds: tuple[float, ...]):
         self.kind = kind
         self.labels = labels
-        self.buckets = buckets
-        self._bounds = _bucket_bounds(buckets or ())
-        self._lock = threading.Lock()
-        self._value = 0.0  # the counter or gauge value; a histogram's sum
-        self._count = 0
+        self.bounds = bounds
+        self.lock = threading.Lock()
+        self.value = 0.0  # the counter or gauge value; a histogram's sum
+        self.count = 0
         # Per bucket, not cumulative; the last one is +Inf.
-        self._bucket_counts = [0] * (len(self._bounds) + 1)
-
-    def increment(self, value: float) -> None:
-        if self.kind is MetricKind.HISTOGRAM:
-            raise ValueError("increment() is not supported on a histogram metric")
-        if self.kind is MetricKind.COUNTER and value < 0:
-            raise ValueError("a counter cannot be incremented by a negative value")
-        with self._lock:
-            self._value += float(value)
-
-    def set(self, value: float) -> None:
-        if self.kind is not MetricKind.GAUGE:
-            raise ValueError("set() is only supported on a gauge metric")
-        with self._lock:
-            self._value = float(value)
+        self.bucket_counts = [0] * (len(bounds) + 1)
 
     def observe(self, value: float) -> None:
-        if self.kind is not MetricKind.HISTOGRAM:
-            raise ValueError("observe() is only supported on a histogram metric")
-        value = float(value)
         # "le" buckets: a value equal to a bound belongs to that bound's bucket.
-        index = len(self._bounds) if math.isnan(value) else bisect.bisect_left(self._bounds, value)
-        with self._lock:
-            self._bucket_counts[index] += 1
-            self._value += value
-            self._count += 1
-
-    def value(self) -> float:
-        if self.kind is MetricKind.HISTOGRAM:
-            raise ValueError("value() is not supported on a histogram metric")
-        with self._lock:
-            return self._value
+        index = len(self.bounds) if math.isnan(value) else bisect.bisect_left(self.bounds, value)
+        with self.lock:
+            self.bucket_counts[index] += 1
+            self.value += value
+            self.count += 1
 
     def snapshot(self) -> SeriesSnapshot:
-        with self._lock:
-            value, count, counts = self._value, self._count, list(self._bucket_counts)
+        with self.lock:
+            value, count, counts = self.value, self.count, list(self.bucket_counts)
         if self.kind is not MetricKind.HISTOGRAM:
             return SeriesSnapshot(dict(self.labels), value)
         cumulative, total = [], 0
-        for bound, n in zip((*self._bounds, math.inf), counts, strict=True):
+        for bound, n in zip((*self.bounds, math.inf), counts, strict=True):
             total += n
             cumulative.append((bound, total))
         return SeriesSnapshot(dict(self.labels), value, count, tuple(cumulative))
+
+
+class Metric:
+    """A handle on one labelled series of a family."""
+
+    __slots__ = ("__weakref__", "_cleared", "_series", "buckets", "kind", "labels")
+
+    def __init__(self, series: _Series, buckets: list[float] | None):
+        self._series = series
+        self._cleared = False
+        self.kind = series.kind
+        self.labels = dict(series.labels)
+        self.buckets = buckets
+
+    def _check(self, template: str, operation: str, allowed: Callable[[MetricKind], bool],
+               ) -> None:
+        if self._cleared:
+            raise _refused(template, messages.METRIC_FAMILY_DELETED)
+        if not allowed(self.kind):
+            raise _unsupported(template, self.kind, operation)
+
+    def increment(self, value: float) -> None:
+        value = _as_double(value)
+        self._check(messages.METRIC_INCREMENT, "Increment",
+                    lambda kind: kind is not MetricKind.HISTOGRAM)
+        if self.kind is MetricKind.COUNTER and value < 0:
+            raise _refused(messages.METRIC_INCREMENT, messages.METRIC_NEGATIVE_INCREMENT)
+        with self._series.lock:
+            self._series.value += value
+
+    def set(self, value: float) -> None:
+        value = _as_double(value)
+        self._check(messages.METRIC_SET, "Set", lambda kind: kind is MetricKind.GAUGE)
+        with self._series.lock:
+            self._series.value = value
+
+    def observe(self, value: float) -> None:
+        value = _as_double(value)
+        self._check(messages.METRIC_OBSERVE, "Observe",
+                    lambda kind: kind is MetricKind.HISTOGRAM)
+        self._series.observe(value)
+
+    def value(self) -> float:
+        self._check(messages.METRIC_VALUE, "Value",
+                    lambda kind: kind is not MetricKind.HISTOGRAM)
+        with self._series.lock:
+            return self._series.value
+
+    def snapshot(self) -> SeriesSnapshot:
+        return self._series.snapshot()
+
+    def _clear(self) -> None:
+        self._cleared = True
+
+
+@dataclass(eq=False)
+class RegisteredFamily:
+    """A name in the registry: what every MetricFamily object of that name shares."""
+
+    name: str
+    description: str
+    kind: MetricKind
+    series: dict[tuple[tuple[str, str], ...], _Series] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get_series(self, labels: dict[str, str], bounds: tuple[float, ...]) -> _Series:
+        # Labels already in use name the series they have; its buckets stay as first given.
+        key = tuple(sorted(labels.items()))
+        with self.lock:
+            series = self.series.get(key)
+            if series is None:
+                series = self.series[key] = _Series(self.kind, labels, bounds)
+            return series
+
+    def snapshot(self) -> FamilySnapshot:
+        with self.lock:
+            series = list(self.series.values())
+        return FamilySnapshot(self.name, self.description, self.kind.type_name,
+                              tuple(s.snapshot() for s in series))
+
+
+def _kind(kind: object) -> MetricKind:
+    # Triton's kind is a pybind11 enum: anything but one of its members is a TypeError.
+    if isinstance(kind, bool) or not isinstance(kind, int) or kind not in set(MetricKind):
+        raise TypeError(f"invalid metric family kind {kind!r}: use MetricFamily.COUNTER, "
+                        "GAUGE or HISTOGRAM")
+    return MetricKind(kind)
 
 
 class MetricFamily:
@@ -141,64 +243,49 @@ class MetricFamily:
     GAUGE = MetricKind.GAUGE
     HISTOGRAM = MetricKind.HISTOGRAM
 
-    _registry: ClassVar[dict[str, MetricFamily]] = {}
+    _registry: ClassVar[dict[str, RegisteredFamily]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, name: str, description: str, kind: int) -> None:
-        if not isinstance(name, str) or not _METRIC_NAME.fullmatch(name):
-            raise ValueError(f"invalid metric family name {name!r}: it must match "
-                             f"{_METRIC_NAME.pattern}")
-        if not isinstance(description, str):
-            raise TypeError(f"metric family description must be a str, got {description!r}")
-        try:
-            self.kind = MetricKind(kind)
-        except ValueError:
-            raise ValueError(f"invalid metric family kind {kind!r}: use MetricFamily.COUNTER, "
-                             "GAUGE or HISTOGRAM") from None
-        self.name = name
-        self.description = description
-        self._series: dict[tuple[tuple[str, str], ...], Metric] = {}
-        self._lock = threading.Lock()
+        self._handles: weakref.WeakSet[Metric] = weakref.WeakSet()
+        if not isinstance(name, str) or not isinstance(description, str):
+            raise TypeError("MetricFamily name and description must be str, got "
+                            f"{name!r}, {description!r}")
+        kind = _kind(kind)
+        if not _METRIC_NAME.fullmatch(name):
+            raise _refused(messages.METRIC_CREATE_FAMILY, messages.METRIC_INVALID_NAME)
         with self._registry_lock:
-            self._join(self._registry.setdefault(name, self))
+            family = self._registry.setdefault(name, RegisteredFamily(name, description, kind))
+        if family.kind is not kind:
+            raise _refused(messages.METRIC_CREATE_FAMILY, messages.METRIC_OTHER_KIND)
+        self._family = family
+        self.name, self.description, self.kind = name, family.description, kind
 
-    def _join(self, first: MetricFamily) -> None:
-        """Share the series of the family first registered under this name."""
-        if first is self:
-            return
-        if (first.kind, first.description) != (self.kind, self.description):
-            raise ValueError(f"metric family {self.name!r} already exists with a different "
-                             "kind or description")
-        self._series, self._lock = first._series, first._lock
+    def __del__(self) -> None:
+        # Triton's stub clears the metrics a family created when the family goes away.
+        for metric in list(getattr(self, "_handles", ())):
+            metric._clear()
 
     @property
     def metrics(self) -> list[Metric]:
-        with self._lock:
-            return list(self._series.values())
+        return list(self._handles)
 
-    def Metric(
-        self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
-    ) -> Metric:
-        if self.kind is MetricKind.HISTOGRAM and buckets is None:
-            raise ValueError("a histogram metric needs buckets")
-        if self.kind is not MetricKind.HISTOGRAM and buckets is not None:
-            raise ValueError("buckets are only for histogram metrics")
-        labels = _check_labels(labels or {}, self.kind)
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            metric = self._series.get(key)
-            if metric is None:
-                metric = self._series[key] = Metric(self.kind, labels, buckets)
-        if buckets is not None and _bucket_bounds(buckets) != metric._bounds:
-            raise ValueError(f"metric {self.name}{labels} already exists with other buckets")
+    def Metric(self, labels: dict[str, str] | None = None,
+               buckets: list[float] | None = None) -> Metric:
+        # Checked in Triton's order: the stub's argument checks, then the server's.
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException(messages.METRIC_LABELS_NOT_DICT)
+        bounds = _check_buckets(buckets, self.kind)
+        labels = _check_labels(labels, self.kind)
+        metric = Metric(self._family.get_series(labels, bounds), buckets)
+        self._handles.add(metric)
         return metric
 
     def snapshot(self) -> FamilySnapshot:
-        series = tuple(metric.snapshot() for metric in self.metrics)
-        return FamilySnapshot(self.name, self.description, self.kind.type_name, series)
+        return self._family.snapshot()
 
     @classmethod
-    def families(cls) -> list[MetricFamily]:
+    def families(cls) -> list[RegisteredFamily]:
         with cls._registry_lock:
             return list(cls._registry.values())
 
@@ -206,3 +293,5 @@ class MetricFamily:
     def snapshots(cls) -> list[FamilySnapshot]:
         """Every registered family, as exporters read them."""
         return [family.snapshot() for family in cls.families()]
+
+

@@ -1,0 +1,34 @@
+"""Error texts that Triton's clients and tests match on, worded as Triton words them.
+
+One table, so that a frontend, the core and the python backend that report the same failure
+say it the same way; each entry names the Triton source it follows. Templates take their
+arguments by name (``str.format``).
+"""
+
+from __future__ import annotations
+
+# -- custom metrics (python_backend src/metric.cc, metric_family.cc; core src/metric_family.cc;
+# prometheus-cpp's registry and family checks). The stub prefixes the server's reason with the
+# operation that failed.
+METRIC_CREATE_FAMILY = "Error when creating MetricFamily: {reason}"
+METRIC_CREATE = "Error when creating Metric: {reason}"
+METRIC_INCREMENT = "Failed to increment metric value: {reason}"
+METRIC_SET = "Failed to set metric value: {reason}"
+METRIC_OBSERVE = "Failed to observe metric value: {reason}"
+METRIC_VALUE = "Failed to get metric value: {reason}"
+METRIC_UNSUPPORTED = "TRITONSERVER_METRIC_KIND_{kind} does not support {operation}"
+METRIC_NEGATIVE_INCREMENT = ("TRITONSERVER_METRIC_KIND_COUNTER can only be incremented "
+                             "monotonically by non-negative values.")
+METRIC_FAMILY_DELETED = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+    "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
+    "been deleted.")
+METRIC_OTHER_KIND = "Family name already exists with different type"
+METRIC_INVALID_NAME = "Invalid metric name"
+METRIC_INVALID_LABEL = "Invalid label name"
+METRIC_LABEL_VALUE = "label {name!r} must have a string value"
+METRIC_UNSORTED_BUCKETS = "Bucket Boundaries must be strictly sorted"
+METRIC_LABELS_NOT_DICT = "Failed to create metric. Labels must be a dictionary."
+METRIC_BUCKETS_NOT_LIST = "Failed to create metric. Buckets must be a list."
+METRIC_UNEXPECTED_BUCKETS = "Failed to create metric. Unexpected buckets found."
+METRIC_MISSING_BUCKETS = "Failed to create metric. Missing required buckets."
