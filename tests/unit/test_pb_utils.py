@@ -228,7 +228,7 @@ def test_metric_family_stub() -> None:
     metric = family.Metric(labels={"model": "m"})
     metric.increment(2)
     assert metric.value() == 2
-    with pytest.raises(ValueError):
+    with pytest.raises(pb_utils.TritonModelException, match="does not support Set"):
         metric.set(1)
 
 
