@@ -18,6 +18,7 @@ from tritium.core.response import InferenceResponse
 from tritium.core.service import InferenceService
 from tritium.frontends.http import codec, compression, generate
 from tritium.frontends.http.exchange import BodyPart, HttpExchange
+from tritium.frontends.http.openai import endpoints as openai
 from tritium.frontends.http.routes import Match, NoRoute, Router
 from tritium.frontends.http.statistics import encode_statistics
 from tritium.frontends.http.status import http_status
@@ -364,4 +365,9 @@ ROUTES: tuple[tuple[str, str, Endpoint], ...] = (
     ("POST", "/v2/logging", HttpApi.log_settings),
     ("GET", "/v2/trace/setting", HttpApi.trace_settings),
     ("POST", "/v2/trace/setting", HttpApi.trace_settings),
+    # OpenAI's API over the same models (frontends/http/openai).
+    ("GET", "/v1/models", openai.list_models),
+    ("GET", "/v1/models/{model}", openai.retrieve_model),
+    ("POST", "/v1/completions", openai.completions),
+    ("POST", "/v1/chat/completions", openai.chat_completions),
 )

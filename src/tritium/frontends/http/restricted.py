@@ -34,12 +34,17 @@ _EXACT: dict[str, ApiGroup] = {
     "/v2/models/stats": ApiGroup.STATISTICS,
     "/v2/logging": ApiGroup.LOGGING,
     "/v2/trace/setting": ApiGroup.TRACE,
+    # OpenAI's API: restricted with the groups of their /v2 counterparts.
+    "/v1/models": ApiGroup.METADATA,
+    "/v1/completions": ApiGroup.INFERENCE,
+    "/v1/chat/completions": ApiGroup.INFERENCE,
 }
 _PATTERNS: tuple[tuple[re.Pattern[str], ApiGroup], ...] = (
     (re.compile(r"/v2/(?:system|cuda)sharedmemory(?:/region/[^/]+)?"
                 r"/(?:status|register|unregister)\Z"), ApiGroup.SHARED_MEMORY),
     (re.compile(r"/v2/repository(?:/[^/]+)?/(?:index|models/[^/]+/(?:load|unload))\Z"),
      ApiGroup.MODEL_REPOSITORY),
+    (re.compile(r"/v1/models/[^/]+\Z"), ApiGroup.METADATA),
 )
 
 

@@ -1,0 +1,77 @@
+"""OpenAI frontend pieces without a server: error mapping, restricted groups, templates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.model import ModelHandle
+from tritium.core.restrictions import ApiGroup
+from tritium.frontends.http.openai.chat import ChatTemplates, messages_of
+from tritium.frontends.http.openai.errors import OpenAIError, from_tritium
+from tritium.frontends.http.restricted import group_of
+
+
+@pytest.mark.parametrize(("code", "message", "status"), [
+    (ErrorCode.UNAVAILABLE, "Exceeds maximum queue size", 429),
+    (ErrorCode.UNAVAILABLE, "Server is shutting down and not accepting new requests", 503),
+    (ErrorCode.INVALID_ARG, "bad", 400),
+    (ErrorCode.NOT_FOUND, "gone", 404),
+    (ErrorCode.INTERNAL, "boom", 500),
+])
+def test_core_errors_map_to_openai_statuses(code: ErrorCode, message: str, status: int) -> None:
+    error = from_tritium(TritiumError(code, message))
+    assert error.status == status
+    assert json.loads(error.body())["error"]["message"] == message
+
+
+@pytest.mark.parametrize(("path", "group"), [
+    ("/v1/models", ApiGroup.METADATA), ("/v1/models/llm", ApiGroup.METADATA),
+    ("/v1/completions", ApiGroup.INFERENCE), ("/v1/chat/completions", ApiGroup.INFERENCE),
+])
+def test_openai_paths_are_restricted_like_their_v2_counterparts(path: str,
+                                                                group: ApiGroup) -> None:
+    assert group_of(path) is group
+
+
+def model_in(directory: Path | None) -> ModelHandle:
+    fake: Any = SimpleNamespace(name="m", model_dir=directory)
+    return cast(ModelHandle, fake)
+
+
+def test_template_from_tokenizer_config_with_special_tokens(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": [{"name": "default", "template":
+                           "{{ bos_token }}{% for m in messages %}{{ m.content | tojson }}"
+                           "{% endfor %}{% if add_generation_prompt %}>{% endif %}"}],
+        "bos_token": {"content": "<s>", "lstrip": False}}))
+    template = ChatTemplates().for_model(model_in(tmp_path))
+    messages = messages_of({"messages": [{"role": "user", "content": "a<b"}]})
+    assert template.render(messages) == '<s>"a<b">'
+
+
+def test_template_file_beside_the_config_wins(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "old"}))
+    (tmp_path / "chat_template.jinja").write_text("new")
+    assert ChatTemplates().for_model(model_in(tmp_path)).render([]) == "new"
+
+
+def test_raise_exception_in_a_template_is_a_bad_request(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{{ raise_exception('roles must alternate') }}"}))
+    with pytest.raises(OpenAIError) as caught:
+        ChatTemplates().for_model(model_in(tmp_path)).render([])
+    assert caught.value.status == 400 and "roles must alternate" in caught.value.message
+
+
+def test_no_template_says_so(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    for model in (model_in(tmp_path), model_in(None)):
+        with pytest.raises(OpenAIError) as caught:
+            ChatTemplates().for_model(model)
+        assert caught.value.status == 400 and "no chat template" in caught.value.message
