@@ -88,6 +88,10 @@ def build_repository(repo: Path, record_dir: Path) -> Path:
               + _tensor("input", "INPUT0", "INT32", "1")
               + _tensor("input", "DELAY", "FP32", "1", " optional: true")
               + _tensor("output", "OUTPUT0", "INT32", "1"))
+    add_model(repo, "decoupled_error", "decoupled_error",
+              DECOUPLED
+              + _tensor("input", "INPUT0", "FP32", "1") + _tensor("input", "MODE", "BYTES", "1")
+              + _tensor("output", "OUTPUT0", "FP32", "1"))
     add_model(repo, "async_sleep", "async_sleep",
               _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP64", "2"))
     add_model(repo, "async_decoupled", "async_decoupled",

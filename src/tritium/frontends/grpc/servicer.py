@@ -10,17 +10,22 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from tritium.core import offload
+from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.inflight import InFlight
 from tritium.core.request import InferenceRequest
-from tritium.core.response import ResponseStream
+from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.service import InferenceService
 from tritium.frontends.grpc import codec
 from tritium.frontends.grpc.call import Call, Router, Rpc
+from tritium.frontends.grpc.serving import fail_call
 
 log = logging.getLogger("tritium.grpc")
 
 SERVICE_NAME = "inference.GRPCInferenceService"
+# A stream opened with this header set to "true" ends with the first failed response's
+# status, as Triton's stream handler does; otherwise errors travel in-band.
+ERROR_MODE_HEADER = "triton_grpc_error"
 _SHARED_MEMORY = TritiumError(
     ErrorCode.UNSUPPORTED, "shared memory is not supported by this server; send tensor data "
     "in the request instead"
@@ -126,7 +131,12 @@ class StreamSession:
     """One ModelStreamInfer call: requests run concurrently, and each response is written
     the moment it is ready. The call ends once the client half-closed and every request
     has answered. At most ``max_stream_requests`` run at once; the next message is not
-    read until one finishes, so a client that sends more stalls on its window."""
+    read until one finishes, so a client that sends more stalls on its window.
+
+    In error mode (``triton_grpc_error: true``) the first response that carries an error
+    ends the call with that error's status instead: responses already written stay ahead
+    of it, the other requests are cancelled, and nothing more is read or written. A request
+    refused before it reached a model is still answered in-band, as in Triton."""
 
     def __init__(self, service: InferenceService, call: Call):
         self.service = service
@@ -134,11 +144,15 @@ class StreamSession:
         self.in_flight: InFlight[asyncio.Task[None]] = InFlight()
         self._room: asyncio.Event = asyncio.Event()
         self._limit = call.conn.limits.max_stream_requests
+        self._error_mode = call.headers.get(ERROR_MODE_HEADER) == "true"
+        self._failed = False
 
     async def run(self) -> None:
         async for message in self.call.requests():
+            if self._failed:  # messages that were already in when the call ended
+                break
             await self._start(message)
-            while len(self.in_flight) >= self._limit:
+            while len(self.in_flight) >= self._limit and not self._failed:
                 self._room.clear()
                 await self._room.wait()
         await self.in_flight.wait_empty()
@@ -162,6 +176,11 @@ class StreamSession:
     async def _forward(self, request: InferenceRequest, stream: ResponseStream) -> None:
         call = self.call
         async for response in stream:
+            if self._failed:
+                continue  # the call is over; the request was cancelled with it
+            if response.error is not None and self._error_mode:
+                self._fail(response)
+                continue
             if offload.heavy(offload.response_bytes(response)):
                 message = await offload.run(codec.encode_stream_response, response, request)
             else:
@@ -170,6 +189,15 @@ class StreamSession:
                 call.write(message)
                 if call.blocked:
                     await call.drain()
+
+    def _fail(self, response: InferenceResponse) -> None:
+        """End the call with ``response``'s error, after what was already written."""
+        assert response.error is not None
+        self._failed = True
+        fail_call(self.call.conn, self.call, response.error)
+        # The stream that would carry their answers is gone, as if the client had left.
+        self.call.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+        self._room.set()
 
 
 def decode_small_request(service: InferenceService, message: Any) -> InferenceRequest | None:
