@@ -106,6 +106,9 @@ class PythonBackend:
                 )
             return
         problem = _returned_problem(received, result)
+        if result is None:
+            # Triton lets a non-decoupled model answer every request through its sender.
+            result = [None] * len(received)
         if problem is not None:
             self._fail(received, problem)
             return
@@ -124,14 +127,10 @@ class PythonBackend:
         if sender.responses_sent > 0:
             sender.close_with(CoreResponse.final_flag())
         else:
-            sender.close_with(
-                CoreResponse.failure(
-                    TritiumError(
-                        ErrorCode.INTERNAL,
-                        f"model '{self.model_name}' returned None for a request without "
-                        "sending its response through the response sender",
-                    )
-                )
+            # The response may still come from another thread or task, as in Triton.
+            sender.fail_when_abandoned(
+                f"model '{self.model_name}' returned None for a request and let go of it "
+                "without sending its response through the response sender"
             )
 
     def _fail(

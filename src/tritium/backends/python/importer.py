@@ -9,21 +9,25 @@ import threading
 import types
 from pathlib import Path
 
+from tritium.backends.python import model_argv
 from tritium.backends.python.errors import describe_exception
+from tritium.backends.python.model_paths import ModelPaths
 from tritium.core.errors import ErrorCode, TritiumError
 
 # sys.path and sys.modules are process-wide: one import at a time. Reentrant because a
 # failed import forgets its module while still holding it.
 _import_lock = threading.RLock()
 _module_ids = itertools.count()
+_model_paths = ModelPaths()
 
 
 def import_model_file(path: Path) -> types.ModuleType:
     """Import ``path`` as ``<unique package>.<stem>``.
 
     The package's ``__path__`` is the version directory, so ``from . import helper``
-    works as it does in Triton (which imports ``<version>.model``); the version and
-    model directories are on sys.path while the file runs, for absolute imports.
+    works as it does in Triton (which imports ``<version>.model``). Like Triton's stub,
+    the version and model directories are appended to sys.path and stay there while the
+    module lives, so ``import helper`` also works later, inside ``execute``.
     """
     if not path.is_file():
         raise TritiumError(ErrorCode.INVALID_ARG, f"Python model file not found in '{path}'")
@@ -34,10 +38,10 @@ def import_model_file(path: Path) -> types.ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     with _import_lock:
+        model_argv.install()
         sys.modules[package_name] = package
         sys.modules[spec.name] = module
-        added = [str(path.parent), str(path.parent.parent)]
-        sys.path.extend(added)
+        _model_paths.use(_search_dirs(path))
         try:
             spec.loader.exec_module(module)
         except BaseException as exc:
@@ -45,22 +49,24 @@ def import_model_file(path: Path) -> types.ModuleType:
             raise TritiumError(
                 ErrorCode.INVALID_ARG, f"failed to load '{path}': {describe_exception(exc)}"
             ) from exc
-        finally:
-            for entry in added:
-                _remove_last(sys.path, entry)
     return module
 
 
 def forget_module(module: types.ModuleType) -> None:
-    """Drop an imported model file, and whatever it imported relatively, from sys.modules."""
+    """Drop an imported model file, and whatever it imported relatively, from sys.modules.
+
+    Its directories leave sys.path once no other live import uses them, and with them
+    the top-level modules imported from there (a ``helper.py``): a reloaded model reads
+    its files afresh, as a new Triton stub would.
+    """
     package_name = module.__name__.partition(".")[0]
     with _import_lock:
         for name in [n for n in sys.modules if n.partition(".")[0] == package_name]:
             del sys.modules[name]
+        if module.__file__ is not None:
+            _model_paths.release(_search_dirs(Path(module.__file__)))
 
 
-def _remove_last(items: list[str], value: str) -> None:
-    for index in range(len(items) - 1, -1, -1):
-        if items[index] == value:
-            del items[index]
-            return
+def _search_dirs(path: Path) -> list[str]:
+    # Triton's stub appends the version directory, then the model directory.
+    return [str(path.parent), str(path.parent.parent)]

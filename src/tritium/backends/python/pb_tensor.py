@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from tritium.backends.python.errors import TritonModelException
+from tritium.backends.python.text import as_text
 from tritium.core.types import DataType
 from tritium.core.types import Tensor as CoreTensor
 
@@ -44,6 +45,7 @@ class Tensor:
     __slots__ = ("_core",)
 
     def __init__(self, name: str, data: Any) -> None:
+        name = as_text(name)
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
         if array.dtype == _BFLOAT16:
             # Kept as the raw 16-bit patterns, as the core stores BF16.

@@ -34,6 +34,7 @@ from tritium.backends.python.sender import (
     InferenceResponseSender,
 )
 
+from tritium.backends.python.text import as_text
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",
     "TRITONSERVER_MEMORY_GPU",
@@ -142,23 +143,23 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
-        _model_log.log(_PYTHON_LEVEL[Logger.LogLevel(level)], "%s", message, stacklevel=2)
+        _model_log.log(_PYTHON_LEVEL[Logger.LogLevel(level)], "%s", as_text(message), stacklevel=2)
 
     @staticmethod
     def log_info(message: str) -> None:
-        _model_log.info("%s", message, stacklevel=2)
+        _model_log.info("%s", as_text(message), stacklevel=2)
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _model_log.warning("%s", message, stacklevel=2)
+        _model_log.warning("%s", as_text(message), stacklevel=2)
 
     @staticmethod
     def log_error(message: str) -> None:
-        _model_log.error("%s", message, stacklevel=2)
+        _model_log.error("%s", as_text(message), stacklevel=2)
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _model_log.debug("%s", message, stacklevel=2)
+        _model_log.debug("%s", as_text(message), stacklevel=2)
 
 
 _PYTHON_LEVEL = {

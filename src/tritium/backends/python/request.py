@@ -14,6 +14,7 @@ from tritium.backends.python.errors import TritonModelException
 from tritium.backends.python.pb_tensor import Tensor
 from tritium.backends.python.response import InferenceResponse, check_parameters, to_core
 from tritium.backends.python.sender import InferenceResponseSender
+from tritium.backends.python.text import as_text, as_text_list
 from tritium.core.request import AdmittedRequest
 
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
@@ -76,11 +77,11 @@ class InferenceRequest:
             )
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
-        self._request_id = request_id
+        self._request_id = as_text(request_id)
         self._correlation_id = correlation_id
         self._inputs = list(inputs)
-        self._requested_output_names = list(dict.fromkeys(requested_output_names))
-        self._model_name = model_name
+        self._requested_output_names = list(dict.fromkeys(as_text_list(requested_output_names)))
+        self._model_name = as_text(model_name)
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
@@ -209,8 +210,8 @@ class ReceivedRequest(InferenceRequest):
             self._sender = InferenceResponseSender(
                 self._admitted, self.wanted_outputs(), self._context.decoupled
             )
-            # The backend already sent this request's last response without a sender.
-            self._sender.closed = self._finished
+            if self._finished:
+                self._sender.mark_finished()
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:

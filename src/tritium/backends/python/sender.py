@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Container
 
 from tritium.backends.python.errors import TritonModelException
 from tritium.backends.python.response import InferenceResponse, to_core
+from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import InferenceResponse as CoreResponse
+from tritium.core.response import StreamClosedError
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
@@ -16,11 +19,16 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 class InferenceResponseSender:
     """Sends responses for one request from any thread until a FINAL closes it.
 
-    Invariant: ``closed`` turns True exactly once, under ``_lock``, together with the
-    FINAL being handed to the core stream; nothing reaches the stream after that.
+    Invariants, under ``_lock``: ``closed`` (the model may send no more) turns True
+    once; ``_ended`` (the core stream got its final response) turns True once, and
+    nothing reaches the stream after it. A non-decoupled request ends with its first
+    response: as in Triton, whatever the model sends after that is not delivered.
     """
 
-    __slots__ = ("_decoupled", "_lock", "_request", "_sent", "_wanted", "closed")
+    __slots__ = (
+        "_abandon_message", "_decoupled", "_ended", "_lock", "_request", "_sent", "_wanted",
+        "closed",
+    )
 
     def __init__(self, request: AdmittedRequest, wanted: Container[str], decoupled: bool) -> None:
         self._request = request
@@ -28,6 +36,8 @@ class InferenceResponseSender:
         self._decoupled = decoupled
         self._lock = threading.Lock()
         self._sent = 0
+        self._ended = False
+        self._abandon_message: str | None = None
         self.closed = False
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
@@ -37,7 +47,8 @@ class InferenceResponseSender:
             self._sent += 1
             if final:
                 self.closed = True
-            self._push(response, final)
+            if not self._ended:
+                self._push(response, final or not self._decoupled)
 
     def is_cancelled(self) -> bool:
         return self._request.cancellation.is_cancelled()
@@ -55,11 +66,36 @@ class InferenceResponseSender:
     def close_with(self, response: CoreResponse) -> bool:
         """End the request with ``response`` unless it has ended; False if it had."""
         with self._lock:
-            if self.closed:
-                return False
             self.closed = True
+            if self._ended:
+                return False
+            self._ended = True
             self._request.stream.send_nowait(response)
             return True
+
+    def mark_finished(self) -> None:
+        """The backend already sent this request's last response without a sender."""
+        with self._lock:
+            self.closed = self._ended = True
+
+    def fail_when_abandoned(self, message: str) -> None:
+        """End the request with ``message`` if this sender is dropped before it ends.
+
+        A non-decoupled ``execute`` may return None and respond later through the
+        sender (Triton allows it); once nothing can reach the sender any more, no
+        response can come, and the client gets this error instead of waiting forever.
+        """
+        self._abandon_message = message
+
+    def __del__(self) -> None:
+        message = self._abandon_message
+        if message is not None and not self._ended:
+            self._ended = True
+            failure = TritiumError(ErrorCode.INTERNAL, message)
+            # A stream ended by the core meanwhile, or a loop gone at shutdown, needs
+            # nothing more; __del__ could only print the exception.
+            with contextlib.suppress(StreamClosedError, RuntimeError):
+                self._request.stream.send_nowait(CoreResponse.failure(failure))
 
     def _check_state(self, response: InferenceResponse | None, final: bool) -> None:
         if not self._decoupled:
@@ -77,6 +113,7 @@ class InferenceResponseSender:
             raise TritonModelException("Unable to send response. Response sender has been closed.")
 
     def _push(self, response: InferenceResponse | None, final: bool) -> None:
+        self._ended = final
         stream = self._request.stream
         if response is None:
             stream.send_nowait(CoreResponse.final_flag())
