@@ -51,8 +51,10 @@ def build_openai_repository(repo: Path, record_dir: Path) -> Path:
               _tensor("input", "INPUT0", "FP32", "-1") + _tensor("output", "OUTPUT0", "FP32", "-1"))
     for name in ("llm", "token_engine"):
         shutil.copytree(EXAMPLES / name, repo / name)
-    (repo / "llm" / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": CHAT_TEMPLATE, "bos_token": {"content": "<s>"}, "eos_token": "</s>"}))
+    tokenizer = json.dumps(
+        {"chat_template": CHAT_TEMPLATE, "bos_token": {"content": "<s>"}, "eos_token": "</s>"})
+    for name in ("llm", "text_words", "text_stream"):
+        (repo / name / "tokenizer_config.json").write_text(tokenizer)
     return repo
 
 
