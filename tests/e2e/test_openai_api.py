@@ -18,6 +18,7 @@ import openai
 import pytest
 import requests
 
+from tests.e2e.observe import metric
 from tests.e2e.openai_models import base_url, client, openai_records, openai_server
 from tests.server_process import TritiumProcess
 
@@ -203,3 +204,28 @@ def test_async_client(openai_server: TritiumProcess) -> None:
             return [whole.choices[0].text, "".join(parts)]
 
     assert asyncio.run(main()) == ["z z ", "<s>[user] r "]
+
+
+def test_metrics_count_requests_tokens_and_latencies(openai_server: TritiumProcess,
+                                                     client: openai.OpenAI) -> None:
+    """Four words streamed: one request, 4 generated and 2 prompt tokens (the model's counts),
+    one time to first token and three inter-token latencies, each about the model's 20 ms
+    step."""
+    url = openai_server.metrics_url
+    labels = {"model": "text_stream", "version": "1"}
+
+    def read() -> list[float]:
+        return [metric(url, "tritium_openai_request", endpoint="completions",
+                       outcome="success", **labels),
+                metric(url, "tritium_openai_generation_tokens", **labels),
+                metric(url, "tritium_openai_prompt_tokens", **labels),
+                metric(url, "tritium_openai_time_to_first_token_seconds_count", **labels),
+                metric(url, "tritium_openai_inter_token_latency_seconds_count", **labels),
+                metric(url, "tritium_openai_inter_token_latency_seconds_sum", **labels)]
+
+    before = read()
+    list(client.completions.create(model="text_stream", prompt="a b", max_tokens=4,
+                                   stream=True))
+    after = read()
+    assert [b - a for a, b in zip(before, after, strict=True)][:5] == [1, 4, 2, 1, 3]
+    assert 0.01 < (after[5] - before[5]) / 3 < 2.0

@@ -23,7 +23,7 @@ from tests.e2e.leaving import (
     wait_for_cancellations,
 )
 from tests.e2e.leaving_http import close, read_response
-from tests.e2e.observe import Records, wait_for_metric
+from tests.e2e.observe import Records, metric, wait_for_metric, wait_until
 from tests.e2e.openai_models import RECORD_FILE, base_url, openai_records, openai_server
 from tests.server_process import TritiumProcess
 
@@ -77,11 +77,21 @@ def records(openai_records: Path) -> Records:
 def leave_and_check(server: TritiumProcess, recorded: Records, sock: socket.socket,
                     request_id: str, model: str, reset: bool) -> None:
     before = cancellations(server, model, "CLIENT_DISCONNECTED", "executing")
+    left = openai_requests(server, model, "cancelled")
     left_at = time.monotonic()
     close(sock, reset)
     assert_stopped_soon(recorded, request_id, left_at)
     server.wait_for_line(cancel_line(request_id, model, "executing"))
     wait_for_cancellations(server, model, "CLIENT_DISCONNECTED", "executing", before + 1)
+    wait_until(lambda: openai_requests(server, model, "cancelled") == left + 1,
+               "the OpenAI request counted as cancelled")
+
+
+def openai_requests(server: TritiumProcess, model: str, outcome: str) -> float:
+    """OpenAI requests to ``model`` that ended with ``outcome``, both endpoints."""
+    return sum(metric(server.metrics_url, "tritium_openai_request", model=model,
+                      endpoint=endpoint, outcome=outcome)
+               for endpoint in ("completions", "chat_completions"))
 
 
 @pytest.mark.parametrize("reset", HOWS, ids=HOW_IDS)
@@ -175,7 +185,9 @@ def test_full_queue_is_rate_limited(openai_server: TritiumProcess,
     the SDK raises RateLimitError (and would retry it)."""
     with holding_queue(openai_server, records(openai_records)), openai.OpenAI(
             base_url=base_url(openai_server), api_key="unused", max_retries=0) as client:
+        errors = openai_requests(openai_server, "text_queue", "error")
         with pytest.raises(openai.RateLimitError) as caught:
             client.completions.create(model="text_queue", prompt="x", max_tokens=1)
         assert "queue" in caught.value.message
+        assert openai_requests(openai_server, "text_queue", "error") == errors + 1
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tritium.core.llm_statistics import GenerationStatistics
+
 
 @dataclass(slots=True)
 class Duration:
@@ -48,6 +50,8 @@ class ModelStatistics:
     # requests per execute() call -> how many calls had that many (batch sizes are in
     # ``batches``: a request of batch 4 counts 4 there and 1 here)
     batch_requests: Counter[int] = field(default_factory=Counter)
+    # text generation (OpenAI API) requests, tokens and latencies; frontends record them
+    generation: GenerationStatistics = field(default_factory=GenerationStatistics)
 
     def record_cancel_stop(self, delay_ns: int) -> None:
         self.cancel_stop.add(delay_ns)

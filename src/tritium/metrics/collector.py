@@ -16,6 +16,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tritium.core.statistics import STOP_BUCKETS_MS, ModelStatistics
+from tritium.metrics import generation
 
 log = logging.getLogger("tritium.metrics")
 
@@ -58,6 +59,7 @@ CANCELLATIONS = "tritium_inference_cancellation"
 STOP_DELAY = "tritium_cancellation_stop_delay_ms"
 BUILTIN_NAMES = frozenset(
     [name for name, _, _ in COUNTERS] + [FAILURES, PENDING, LOAD_TIME, CANCELLATIONS, STOP_DELAY]
+    + list(generation.NAMES)
 )
 
 
@@ -192,6 +194,7 @@ class TritonCollector(Collector):
         yield self._load_time(models)
         yield self._cancellations(models)
         yield from self._stop_delay(models)
+        yield from generation.generation_families(models)
 
     def _failures(self, models: list[Any]) -> Metric:
         name = FAILURES

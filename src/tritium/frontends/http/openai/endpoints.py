@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from tritium.core.errors import TritiumError
+from tritium.core.llm_statistics import OUTCOMES, GenerationTimer
 from tritium.core.model import ModelHandle
 from tritium.core.response import ResponseStream
 from tritium.core.service import InferenceService
@@ -27,6 +28,8 @@ SSE = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "
 # A client may name its request (as vLLM's server allows): the id the model and the logs see.
 REQUEST_ID_HEADER = "x-request-id"
 TEMPLATES = ChatTemplates()
+# Outcomes a request is counted under (core.llm_statistics.OUTCOMES).
+SUCCESS, ERROR, CANCELLED = OUTCOMES
 
 
 def _respond(exchange: HttpExchange, status: int, body: bytes) -> None:
@@ -74,11 +77,17 @@ async def _serve(api: HttpApi, exchange: HttpExchange, chat: bool) -> None:
         reply = Reply(params.model, chat, params.include_usage)
         request_id = exchange.request.headers.get(REQUEST_ID_HEADER) or reply.id
         request = build_request(model, prompt, params, request_id)
-        stream = api.service.submit(request, exchange.cancellation)
-        if params.stream:
-            await _stream(exchange, stream, reply, params)
-        else:
-            await _whole(exchange, stream, reply, params)
+        timer = model.statistics().generation.request(
+            "chat_completions" if chat else "completions")
+        try:
+            stream = api.service.submit(request, exchange.cancellation)
+            answer = _stream if params.stream else _whole
+            outcome, usage = await answer(exchange, stream, reply, params, timer)
+        except BaseException:
+            timer.finish(CANCELLED if exchange.disconnected else ERROR)
+            raise
+        tokens = usage.completion_tokens if usage.reported else timer.steps
+        timer.finish(outcome, usage.prompt_tokens or 0, tokens)
     except OpenAIError as exc:
         _fail(exchange, exc)
     except TritiumError as exc:
@@ -100,40 +109,43 @@ def _prompt(service: InferenceService, doc: dict[str, Any], chat: bool
 
 
 async def _whole(exchange: HttpExchange, stream: ResponseStream, reply: Reply,
-                 params: Params) -> None:
+                 params: Params, timer: GenerationTimer) -> tuple[str, Usage]:
     """All of the model's responses, their text joined into one answer."""
     decoder, usage, parts = TextDecoder(), Usage(), []
     async for response in stream:
         if response.error is not None:
             if exchange.disconnected:
-                return  # cancelled because the client left: nobody to answer
+                return CANCELLED, usage  # cancelled because the client left: nobody to answer
             raise response.error
         if not response.flag_only:
+            timer.step()
             parts.append(decoder.text(response))
             usage.add(response)
     parts.append(decoder.rest())
     _respond(exchange, 200, reply.whole("".join(parts), usage.finish_reason(params.max_tokens),
                                         usage.object()))
+    return SUCCESS, usage
 
 
 async def _stream(exchange: HttpExchange, stream: ResponseStream, reply: Reply,
-                  params: Params) -> None:
+                  params: Params, timer: GenerationTimer) -> tuple[str, Usage]:
     """Each response as it comes, as server-sent events, ended by ``data: [DONE]``. The
     head waits for the first response, so an error before any text gets its status."""
     decoder, usage, started = TextDecoder(), Usage(), False
     async for response in stream:
         if exchange.disconnected:
-            return
+            return CANCELLED, usage
         if response.error is not None:
             if not started:
                 raise response.error
             exchange.write_chunk(sse({"error": from_tritium(response.error).object()}))
             exchange.end_stream()
-            return
+            return ERROR, usage
         if not started:
             _start(exchange, reply)
             started = True
         if not response.flag_only:
+            timer.step()
             usage.add(response)
             text = decoder.text(response)
             if text:
@@ -149,6 +161,7 @@ async def _stream(exchange: HttpExchange, stream: ResponseStream, reply: Reply,
         exchange.write_chunk(reply.usage_chunk(usage.object()))
     exchange.write_chunk(DONE_EVENT)
     exchange.end_stream()
+    return SUCCESS, usage
 
 
 def _start(exchange: HttpExchange, reply: Reply) -> None:
