@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from tritium.config import BUNDLED_REPOSITORY, GrpcLimitSettings, ServerConfig
+from tritium.core.header_forward import header_forward
 from tritium.core.restrictions import GROUP_NAMES, Restriction, parse_restrictions
 from tritium.execution.placement import ThreadPlacement, install
 from tritium.repository.manager import ControlMode
@@ -164,6 +166,10 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
         help="serve these gRPC groups only to calls with header triton-grpc-protocol-KEY: "
              f"VALUE; repeatable; groups: {GROUP_NAMES}")
     for proto, name in (("grpc", "gRPC"), ("http", "HTTP")):
+        add(f"--{proto}-header-forward-pattern", type=_forward_pattern, default="",
+            metavar="REGEX", help=f"{name} request headers whose names match (anywhere, "
+            "ignoring case unless it starts with (?-i)) reach the model as request "
+            "parameters")
         add(f"--{proto}-use-ssl", type=_bool, default=False, help=f"serve {name} over TLS")
         add(f"--{proto}-use-ssl-mutual", type=_bool, default=False,
             help=f"serve {name} over TLS and require a client certificate signed by "
@@ -172,6 +178,14 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
         add(f"--{proto}-server-key", type=Path, default=None, help="PEM server private key")
         add(f"--{proto}-root-cert", type=Path, default=None,
             help="PEM root certificate that client certificates must be signed by")
+
+
+def _forward_pattern(text: str) -> str:
+    try:
+        header_forward(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {exc}") from None
+    return text
 
 
 def _restrictions(option: str, specs: list[str], feature: str) -> tuple[Restriction, ...]:
@@ -246,6 +260,8 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
             "grpc-restricted-protocol", args.grpc_restricted_protocol, "protocol"),
         http_tls=_tls(args, "http"),
         grpc_tls=_tls(args, "grpc"),
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
     )
 
 

@@ -59,3 +59,6 @@ class ServerConfig:
     grpc_restricted_protocols: tuple[Restriction, ...] = ()
     http_tls: TlsSettings | None = None
     grpc_tls: TlsSettings | None = None
+    # Header names (a regular expression) forwarded to models as request parameters.
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""

@@ -13,6 +13,7 @@ from typing import Any
 
 from tritium.config import GrpcLimitSettings, ServerConfig
 from tritium.core import offload
+from tritium.core.header_forward import header_forward
 from tritium.core.service import InferenceService
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo, ModelBackend
@@ -116,7 +117,8 @@ def _http_limits(config: ServerConfig) -> HttpLimits:
 
 async def _start_http(config: ServerConfig, service: InferenceService) -> HttpServer:
     limits = _http_limits(config)
-    app = http_restricted.restrict(HttpApi(service, config.http_max_input_size),
+    forward = header_forward(config.http_header_forward_pattern)
+    app = http_restricted.restrict(HttpApi(service, config.http_max_input_size, forward),
                                    config.http_restricted_apis)
     server = await start_http_server(app, config.http_address, config.http_port, limits,
                                      ssl_context=_tls_context(config.http_tls, ["http/1.1"]))
@@ -126,7 +128,8 @@ async def _start_http(config: ServerConfig, service: InferenceService) -> HttpSe
 
 
 async def _start_grpc(config: ServerConfig, service: InferenceService) -> GrpcServer:
-    routes = grpc_restricted.restrict(router(InferenceServicer(service), HealthServicer(service)),
+    servicer = InferenceServicer(service, header_forward(config.grpc_header_forward_pattern))
+    routes = grpc_restricted.restrict(router(servicer, HealthServicer(service)),
                                       config.grpc_restricted_protocols)
     server = await start_grpc_server(routes, config.grpc_address, config.grpc_port,
                                      limits=grpc_limits(config.grpc_limits),

@@ -12,6 +12,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritium.core import offload
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.header_forward import HeaderForward
 from tritium.core.inflight import InFlight
 from tritium.core.request import InferenceRequest
 from tritium.core.response import InferenceResponse, ResponseStream
@@ -26,6 +27,9 @@ SERVICE_NAME = "inference.GRPCInferenceService"
 # A stream opened with this header set to "true" ends with the first failed response's
 # status, as Triton's stream handler does; otherwise errors travel in-band.
 ERROR_MODE_HEADER = "triton_grpc_error"
+# Fields of the gRPC protocol itself, which gRPC servers keep out of a call's metadata.
+_TRANSPORT_HEADERS = frozenset({"te", "content-type", "grpc-timeout", "grpc-encoding",
+                                "grpc-accept-encoding"})
 _SHARED_MEMORY = TritiumError(
     ErrorCode.UNSUPPORTED, "shared memory is not supported by this server; send tensor data "
     "in the request instead"
@@ -35,8 +39,9 @@ _SHARED_MEMORY = TritiumError(
 class InferenceServicer:
     """``inference.GRPCInferenceService`` over one ``InferenceService``."""
 
-    def __init__(self, service: InferenceService):
+    def __init__(self, service: InferenceService, header_forward: HeaderForward | None = None):
         self.service = service
+        self.header_forward = header_forward
 
     # -- health and metadata ---------------------------------------------------
     async def ServerLive(self, request: Any, call: Call) -> pb.ServerLiveResponse:
@@ -118,13 +123,15 @@ class InferenceServicer:
         # The call's cancellation: the transport cancels it however the call ends early.
         request = decode_small_request(self.service, message) or \
             await decode_request(self.service, message)
+        if self.header_forward is not None:
+            request.parameters.update(forwarded(self.header_forward, call))
         response = await self.service.infer(request, call.cancellation)
         if offload.heavy(offload.response_bytes(response)):
             return await offload.run(codec.encode_infer_response, response, request)
         return codec.encode_infer_response(response, request)
 
     async def ModelStreamInfer(self, call: Call) -> None:
-        await StreamSession(self.service, call).run()
+        await StreamSession(self.service, call, self.header_forward).run()
 
 
 class StreamSession:
@@ -138,9 +145,11 @@ class StreamSession:
     of it, the other requests are cancelled, and nothing more is read or written. A request
     refused before it reached a model is still answered in-band, as in Triton."""
 
-    def __init__(self, service: InferenceService, call: Call):
+    def __init__(self, service: InferenceService, call: Call,
+                 header_forward: HeaderForward | None = None):
         self.service = service
         self.call = call
+        self.header_forward = header_forward
         self.in_flight: InFlight[asyncio.Task[None]] = InFlight()
         self._room: asyncio.Event = asyncio.Event()
         self._limit = call.conn.limits.max_stream_requests
@@ -160,6 +169,8 @@ class StreamSession:
     async def _start(self, message: Any) -> None:
         try:
             request = await decode_request(self.service, message)
+            if self.header_forward is not None:  # the stream's headers, for each request
+                request.parameters.update(forwarded(self.header_forward, self.call))
             # Each request follows the call: its end cancels them all with its reason.
             stream = self.service.submit(request, self.call.cancellation.child())
         except TritiumError as exc:
@@ -198,6 +209,14 @@ class StreamSession:
         # The stream that would carry their answers is gone, as if the client had left.
         self.call.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
         self._room.set()
+
+
+def forwarded(header_forward: HeaderForward, call: Call) -> dict[str, str]:
+    """The parameters the call's metadata forwards: pseudo-headers and the gRPC protocol's
+    own fields are not metadata, and are never forwarded."""
+    return header_forward.parameters(
+        (name, value) for name, value in call.headers.items()
+        if not name.startswith(":") and name not in _TRANSPORT_HEADERS)
 
 
 def decode_small_request(service: InferenceService, message: Any) -> InferenceRequest | None:

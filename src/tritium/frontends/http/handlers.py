@@ -12,6 +12,7 @@ import orjson
 from tritium.core import offload
 from tritium.core.cancellation import Cancellation
 from tritium.core.errors import TritiumError, invalid
+from tritium.core.header_forward import HeaderForward
 from tritium.core.model import ModelHandle, ModelMetadata
 from tritium.core.request import InferenceRequest
 from tritium.core.response import InferenceResponse
@@ -49,9 +50,11 @@ def parse_version(text: str | None) -> int | None:
 class HttpApi:
     """The application the transport calls for every exchange."""
 
-    def __init__(self, service: InferenceService, max_input_size: int):
+    def __init__(self, service: InferenceService, max_input_size: int,
+                 header_forward: HeaderForward | None = None):
         self.service = service
         self.max_input_size = max_input_size
+        self.header_forward = header_forward  # /infer only, as in Triton
         self.router: Router[Endpoint] = Router(ROUTES)
 
     async def __call__(self, exchange: HttpExchange) -> None:
@@ -148,6 +151,8 @@ class HttpApi:
             request = await offload.run(self._decode_infer, body, header_length, model, version)
         else:
             request = self._decode_infer(body, header_length, model, version)
+        if self.header_forward is not None:
+            self.header_forward.apply(request, headers)
         response = await self._run(exchange, request, self.service.infer)
         if response is None:
             return
