@@ -146,7 +146,8 @@ def test_model_error_codes_map_to_protocol_statuses(client: Client, code: str) -
     [
         ("no_such_model", {"INPUT0": np.zeros(1, np.float32)}, "INVALID_ARG", "unknown model"),
         ("identity_fp32", {"INPUT0": np.zeros(1, np.int32)}, "INVALID_ARG", "data-type"),
-        ("add_sub", {"INPUT0": np.zeros(16, np.float32)}, "INVALID_ARG", "missing input"),
+        ("add_sub", {"INPUT0": np.zeros(16, np.float32)}, "INVALID_ARG",
+         "missing required input(s) ['INPUT1']"),
         ("bad_init", {"INPUT0": np.zeros(1, np.float32)}, "UNAVAILABLE", "bad_init"),
         ("repeat", {"INPUT0": np.array([1], np.int32)}, "UNSUPPORTED", "decoupled"),
     ],

@@ -278,8 +278,9 @@ def test_exception_fails_every_request(tmp_path: Path) -> None:
     for responses in run_batch(backend, [fp32_request([1.0]), fp32_request([2.0])]):
         error = single_error(responses)
         assert error.code is ErrorCode.INTERNAL
+        # Triton's stub is named after the instance, and so is the model in this text.
         assert error.message == (
-            "Failed to process the request(s) for model 'raise', message: RuntimeError: boom"
+            "Failed to process the request(s) for model 'raise_0_0', message: RuntimeError: boom"
         )
 
 

@@ -32,3 +32,33 @@ METRIC_LABELS_NOT_DICT = "Failed to create metric. Labels must be a dictionary."
 METRIC_BUCKETS_NOT_LIST = "Failed to create metric. Buckets must be a list."
 METRIC_UNEXPECTED_BUCKETS = "Failed to create metric. Unexpected buckets found."
 METRIC_MISSING_BUCKETS = "Failed to create metric. Missing required buckets."
+
+# -- one request, one response (server src/http_server.cc: InferResponseComplete counts the
+# responses of /infer; GenerateRequestClass::SendChunkResponse refuses a non-streaming
+# generate that did not produce exactly one). Neither carries the request id.
+INFER_ONE_RESPONSE = "expected a single response, got {count}"
+GENERATE_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate "
+                         "stream for model that generates various number of responses")
+
+# -- request checks (core src/infer_request.cc ValidateRequestInputs), after the
+# "[request id: <id>] " prefix every core request check carries.
+EXPECTED_INPUTS = "expected {count} inputs"
+EXPECTED_INPUTS_BETWEEN = "expected number of inputs between {low} and {high}"
+MISSING_INPUTS = ("{expected} but got {count} inputs for model '{model}'. Got input(s) {given}, "
+                  "but missing required input(s) {missing}. Please provide all required "
+                  "input(s).")
+
+# -- python backend (python_backend src/pb_stub.cc). The stub is named after the model
+# instance ("<model>_<group>_<index>"), so these name the instance, not the model.
+PY_EXECUTE_FAILED = "Failed to process the request(s) for model '{instance}', message: {reason}"
+PY_DECOUPLED_RETURN = ("Python model '{instance}' is using the decoupled mode and the execute "
+                       "function must return None.")
+
+# -- BLS (python_backend src/request_executor.cc RequestExecutor::Infer): whatever the server
+# refuses while a request is submitted is reported with the model's name and this prefix.
+BLS_SUBMIT_FAILED = "Model {model} - Error when running inference: {reason}"
+# Worded (and quoted) as Triton words it, stray quote included.
+BLS_DECOUPLED_ON_EXEC = (
+    "Model {model} is using the decoupled. The current BLS request call doesn't support "
+    "models using the decoupled transaction policy. Please use 'decoupled=True' argument to "
+    "the 'exec' or 'async_exec' calls for decoupled models.'")

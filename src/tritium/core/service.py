@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tritium.core import messages
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.inflight import InFlight
@@ -260,16 +261,18 @@ class InferenceService:
                     ) -> InferenceResponse:
         """One request, one response, for models that are not decoupled."""
         stream = self.submit(request, cancellation, allow_decoupled=False)
-        return await _single_response(stream, request)
+        return await _single_response(stream, messages.INFER_ONE_RESPONSE)
 
     async def generate(self, request: InferenceRequest, cancellation: Cancellation
                        ) -> InferenceResponse:
         """One request, exactly one response, decoupled models allowed."""
         stream = self.submit(request, cancellation, allow_decoupled=True)
-        return await _single_response(stream, request)
+        return await _single_response(stream, messages.GENERATE_ONE_RESPONSE)
 
 
-async def _single_response(stream: ResponseStream, request: InferenceRequest) -> InferenceResponse:
+async def _single_response(stream: ResponseStream, refusal: str) -> InferenceResponse:
+    """The one response of a stream; INTERNAL with ``refusal`` (formatted with the count)
+    when the model sent none or several, as Triton's HTTP frontend words it."""
     result: InferenceResponse | None = None
     count = 0
     while True:
@@ -282,8 +285,5 @@ async def _single_response(stream: ResponseStream, request: InferenceRequest) ->
         if response.final:
             break
     if count != 1 or result is None:
-        raise TritiumError(
-            ErrorCode.INTERNAL,
-            f"[request id: {request.describe()}] expected a single response, got {count}",
-        )
+        raise TritiumError(ErrorCode.INTERNAL, refusal.format(count=count))
     return result

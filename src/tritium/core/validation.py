@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tritium.core import messages
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
@@ -25,13 +26,10 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
         if spec is None:
             raise invalid(f"{prefix}unexpected inference input '{name}' for model '{model.name}'")
         _check_tensor(prefix, model.name, spec, tensor, batched)
-    for spec in model.inputs.values():
-        if spec.name not in request.inputs and not spec.optional:
-            raise invalid(
-                f"{prefix}expected {_required_count(model)} inputs but got "
-                f"{len(request.inputs)} inputs for model '{model.name}'; "
-                f"missing input '{spec.name}'"
-            )
+    missing = [spec.name for spec in model.inputs.values()
+               if spec.name not in request.inputs and not spec.optional]
+    if missing:
+        raise invalid(prefix + _missing_inputs(model, list(request.inputs), missing))
     batch_size = _batch_size(prefix, request, model) if batched else 1
     if request.requested_outputs is not None:
         for output in request.requested_outputs:
@@ -93,8 +91,18 @@ def _batch_size(prefix: str, request: InferenceRequest, model: ModelHandle) -> i
     return size
 
 
-def _required_count(model: ModelHandle) -> int:
-    return sum(1 for spec in model.inputs.values() if not spec.optional)
+def _missing_inputs(model: ModelHandle, given: list[str], missing: list[str]) -> str:
+    """Triton core's text (InferenceRequest::ValidateRequestInputs): the exact count when
+    no input is optional, else the range."""
+    def quoted(names: list[str]) -> str:
+        return "[" + ",".join(f"'{name}'" for name in names) + "]"
+
+    total = len(model.inputs)
+    required = sum(1 for spec in model.inputs.values() if not spec.optional)
+    expected = (messages.EXPECTED_INPUTS.format(count=total) if required == total else
+                messages.EXPECTED_INPUTS_BETWEEN.format(low=required, high=total))
+    return messages.MISSING_INPUTS.format(expected=expected, count=len(given), model=model.name,
+                                          given=quoted(given), missing=quoted(missing))
 
 
 def _check_tensor(prefix: str, model: str, spec: TensorSpec, tensor: Tensor, batched: bool) -> None:

@@ -13,6 +13,7 @@ from tritium.backends.python.errors import TritonModelException, describe_except
 from tritium.backends.python.importer import forget_module
 from tritium.backends.python.request import ReceivedRequest, RequestContext
 from tritium.backends.python.response import InferenceResponse
+from tritium.core import messages
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import ImmediateWakes
@@ -37,9 +38,12 @@ class PythonBackend:
         service: InferenceService | None,
         context: RequestContext,
         module: types.ModuleType | None = None,
+        instance_name: str | None = None,
     ) -> None:
         self.model = model
         self.model_name = model_name
+        # Triton's stub is named after the instance: its error texts name that.
+        self.instance_name = instance_name or model_name
         self.model_dir = model_dir
         self.decoupled = context.decoupled
         self.is_async = inspect.iscoroutinefunction(getattr(model, "execute", None))
@@ -99,11 +103,8 @@ class PythonBackend:
     def _deliver(self, received: list[ReceivedRequest], result: Any) -> None:
         if self.decoupled:
             if result is not None:
-                self._fail(
-                    received,
-                    f"Python model '{self.model_name}' is using the decoupled mode and the "
-                    "execute function must return None.",
-                )
+                self._fail(received,
+                           messages.PY_DECOUPLED_RETURN.format(instance=self.instance_name))
             return
         problem = _returned_problem(received, result)
         if result is None:
@@ -136,7 +137,7 @@ class PythonBackend:
     def _fail(
         self, received: list[ReceivedRequest], message: str, exc: BaseException | None = None
     ) -> None:
-        text = f"Failed to process the request(s) for model '{self.model_name}', message: {message}"
+        text = messages.PY_EXECUTE_FAILED.format(instance=self.instance_name, reason=message)
         log.error("%s", text, exc_info=exc)
         failure = CoreResponse.failure(TritiumError(ErrorCode.INTERNAL, text))
         for request in received:

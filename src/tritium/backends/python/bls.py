@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tritium.backends.python import scope
 from tritium.backends.python.errors import TritonModelException
 from tritium.backends.python.response import InferenceResponse, from_core
+from tritium.core import messages
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest as CoreRequest
@@ -188,15 +189,17 @@ async def _pump(
 
 def _submit(service: InferenceService, child: CoreRequest, cancellation: Cancellation,
             allow_decoupled: bool) -> ResponseStream:
-    if not allow_decoupled and service.model(child.model_name, child.model_version).decoupled:
-        raise TritiumError(
-            ErrorCode.UNSUPPORTED,
-            f"Model {child.model_name} is using the decoupled transaction policy. The current "
-            "BLS request call doesn't support models using the decoupled transaction policy. "
-            "Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
-            "decoupled models.",
-        )
-    return service.submit(child, cancellation, allow_decoupled=allow_decoupled, internal=True)
+    """The child's response stream; a refusal names the model, as Triton's BLS does."""
+    try:
+        if not allow_decoupled and service.model(child.model_name,
+                                                 child.model_version).decoupled:
+            raise TritiumError(ErrorCode.UNSUPPORTED,
+                               messages.BLS_DECOUPLED_ON_EXEC.format(model=child.model_name))
+        return service.submit(child, cancellation, allow_decoupled=allow_decoupled,
+                              internal=True)
+    except TritiumError as exc:
+        raise TritiumError(exc.code, messages.BLS_SUBMIT_FAILED.format(
+            model=child.model_name, reason=exc.message)) from exc
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -60,7 +60,8 @@ def create_python_backend(
     context = RequestContext(
         [output.name for output in config.output], config.model_transaction_policy.decoupled
     )
-    return PythonBackend(model, info.model_name, str(version_dir), service, context, module)
+    return PythonBackend(model, info.model_name, str(version_dir), service, context, module,
+                         instance_name=info.instance_name)
 
 
 def _model_filename(config: Any) -> str:

@@ -1,0 +1,143 @@
+"""Error texts Triton's clients and tests match on, over HTTP and gRPC where both apply."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.server_process import TritiumProcess
+from tests.zoo import DECOUPLED, _tensor, add_model
+
+ADD_SUB_IO = (_tensor("input", "INPUT0", "FP32", "16") + _tensor("input", "INPUT1", "FP32", "16")
+              + _tensor("output", "OUTPUT0", "FP32", "16")
+              + _tensor("output", "OUTPUT1", "FP32", "16"))
+BYTES_IO = _tensor("input", "MODE", "BYTES", "1") + _tensor("output", "OUTPUT0", "BYTES", "1")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritiumProcess]:
+    repo = tmp_path_factory.mktemp("error_texts")
+    add_model(repo, "add_sub", "add_sub", ADD_SUB_IO)
+    add_model(repo, "add_sub_optional", "add_sub",
+              _tensor("input", "INPUT0", "FP32", "16")
+              + _tensor("input", "INPUT1", "FP32", "16", " optional: true")
+              + _tensor("output", "OUTPUT0", "FP32", "16")
+              + _tensor("output", "OUTPUT1", "FP32", "16"))
+    add_model(repo, "repeat", "repeat",
+              DECOUPLED + _tensor("input", "INPUT0", "INT32", "1")
+              + _tensor("input", "DELAY", "FP32", "1", " optional: true")
+              + _tensor("output", "OUTPUT0", "INT32", "1"))
+    add_model(repo, "decoupled_returns", "decoupled_returns",
+              DECOUPLED + _tensor("input", "INPUT0", "FP32", "1")
+              + _tensor("output", "OUTPUT0", "FP32", "1")
+              # Group "<model>_0" (Triton names a group it adds itself "<model>").
+              + "instance_group [{ count: 1 kind: KIND_CPU }]\n")
+    add_model(repo, "bls_errors", "bls_errors", BYTES_IO)
+    process = TritiumProcess(repo).start()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def _client(protocol: str, server: TritiumProcess) -> Any:
+    if protocol == "http":
+        return httpclient.InferenceServerClient(server.http_url)
+    return grpcclient.InferenceServerClient(server.grpc_url)
+
+
+def _failure(protocol: str, server: TritiumProcess, model: str,
+             inputs: dict[str, np.ndarray]) -> str:
+    module: Any = httpclient if protocol == "http" else grpcclient
+    tensors = []
+    for name, data in inputs.items():
+        tensor = module.InferInput(name, list(data.shape), module.np_to_triton_dtype(data.dtype))
+        tensor.set_data_from_numpy(data)
+        tensors.append(tensor)
+    with pytest.raises(InferenceServerException) as caught:
+        _client(protocol, server).infer(model, tensors)
+    return str(caught.value.message())
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_missing_input_names_given_and_missing(server: TritiumProcess, protocol: str) -> None:
+    """Triton core (InferenceRequest::ValidateRequestInputs): "[request id: <id>] expected N
+    inputs but got M inputs for model 'm'. Got input(s) [...], but missing required input(s)
+    [...]. Please provide all required input(s)."; with optional inputs it gives the range."""
+    text = _failure(protocol, server, "add_sub", {"INPUT1": np.zeros(16, np.float32)})
+    assert text == ("[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model "
+                    "'add_sub'. Got input(s) ['INPUT1'], but missing required input(s) "
+                    "['INPUT0']. Please provide all required input(s).")
+    text = _failure(protocol, server, "add_sub_optional", {"INPUT1": np.zeros(16, np.float32)})
+    assert text.endswith("expected number of inputs between 1 and 2 but got 1 inputs for model "
+                         "'add_sub_optional'. Got input(s) ['INPUT1'], but missing required "
+                         "input(s) ['INPUT0']. Please provide all required input(s).")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_decoupled_return_names_the_instance(server: TritiumProcess, protocol: str) -> None:
+    """python_backend's stub, named after the instance (<model>_0_0), fails the requests
+    with "Failed to process the request(s) for model '<instance>', message: Python model
+    '<instance>' is using the decoupled mode and the execute function must return None."
+    (Triton's decoupled_test matches the inner sentence over a gRPC stream)."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.zeros(1, np.float32))
+    errors: list[InferenceServerException] = []
+    if protocol == "grpc":
+        client.start_stream(callback=lambda result, error: errors.append(error))
+        client.async_stream_infer("decoupled_returns", [tensor])
+        client.stop_stream()
+        text = str(errors[0].message())
+    else:
+        reply = requests.post(f"http://{server.http_url}/v2/models/decoupled_returns/generate",
+                              json={"INPUT0": [0.0]}, timeout=30)
+        text = reply.json()["error"]
+    assert text == ("Failed to process the request(s) for model 'decoupled_returns_0_0', "
+                    "message: Python model 'decoupled_returns_0_0' is using the decoupled mode "
+                    "and the execute function must return None.")
+
+
+@pytest.mark.parametrize("count", [0, 2])
+def test_generate_needs_exactly_one_response(server: TritiumProcess, count: int) -> None:
+    """Triton's HTTP frontend (GenerateRequestClass::SendChunkResponse) answers a
+    non-streaming generate whose model sent no or several responses with "generate expects
+    model to produce exactly 1 response, use generate stream for model that generates various
+    number of responses"."""
+    reply = requests.post(f"http://{server.http_url}/v2/models/repeat/generate",
+                          json={"INPUT0": count}, timeout=30)
+    assert reply.json() == {"error": "generate expects model to produce exactly 1 response, use "
+                                     "generate stream for model that generates various number "
+                                     "of responses"}
+
+
+@pytest.mark.parametrize(("mode", "expected"), [
+    ("unknown_model", "Model non_existent_model - Error when running inference: Request for "
+     "unknown model: 'non_existent_model' is not found"),
+    ("unknown_model_decoupled", "Model non_existent_model - Error when running inference: "
+     "Request for unknown model: 'non_existent_model' is not found"),
+    ("missing_input", "Model add_sub - Error when running inference: [request id: "
+     "<id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) "
+     "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required "
+     "input(s)."),
+    ("decoupled_child", "Model repeat - Error when running inference: Model repeat is using "
+     "the decoupled. The current BLS request call doesn't support models using the decoupled "
+     "transaction policy. Please use 'decoupled=True' argument to the 'exec' or 'async_exec' "
+     "calls for decoupled models.'"),
+])
+def test_bls_submission_errors(server: TritiumProcess, mode: str, expected: str) -> None:
+    """python_backend's RequestExecutor::Infer: a request the server refuses comes back as a
+    response whose error reads "Model <name> - Error when running inference: <reason>"
+    (Triton's bls QA model matches "Error when running inference: Request for unknown
+    model: 'non_existent_model' is not found")."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput("MODE", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+    result = client.infer("bls_errors", [tensor]).as_numpy("OUTPUT0")
+    assert result is not None
+    assert result[0].decode() == expected
