@@ -229,3 +229,29 @@ def test_metrics_count_requests_tokens_and_latencies(openai_server: TritiumProce
     after = read()
     assert [b - a for a, b in zip(before, after, strict=True)][:5] == [1, 4, 2, 1, 3]
     assert 0.01 < (after[5] - before[5]) / 3 < 2.0
+
+
+def test_model_error_mid_stream_is_an_error_event(client: openai.OpenAI) -> None:
+    """After text was sent the status is 200 already: the error comes as an event with
+    OpenAI's error object, which the SDK raises."""
+    stream = client.completions.create(model="text_stream", prompt="a b fail", max_tokens=5,
+                                       stream=True)
+    texts = []
+    with pytest.raises(openai.APIError) as caught:
+        for chunk in stream:
+            texts.append(chunk.choices[0].text)
+    assert texts == ["a ", "b "]
+    assert "failed at word 3" in caught.value.message
+
+
+@pytest.mark.parametrize(("model", "stream"), [("text_stream", True), ("text_words", False),
+                                               ("text_stream", False)])
+def test_model_error_before_any_text_is_a_server_error(client: openai.OpenAI, model: str,
+                                                       stream: bool) -> None:
+    with pytest.raises(openai.InternalServerError) as caught:
+        answer = client.completions.create(model=model, prompt="fail", max_tokens=2,
+                                           stream=stream)
+        if stream:  # a stream's status comes with its first event
+            list(answer)
+    assert caught.value.status_code == 500
+    assert "failed at word 1" in caught.value.message

@@ -5,7 +5,8 @@ datatype, shape, values). mode "words": answers with the prompt's words, one per
 ``step_ms``, ``max_tokens`` of them (default 8), polling is_cancelled(); decoupled, one
 response per word, else one with them all. Both report num_input_tokens/num_output_tokens
 (words). With ``record_file`` set, it appends {"event": "start"|"cancelled"|"done", "id",
-"t"} lines as tests/models/slow.py does.
+"t"} lines as tests/models/slow.py does. A prompt word "fail" fails the request (an error
+response) when its turn comes, after the words before it were sent.
 """
 
 import json
@@ -15,6 +16,10 @@ import time
 import numpy as np
 
 import triton_python_backend_utils as pb_utils
+
+
+class Failed(Exception):
+    pass
 
 
 def _value(item):
@@ -70,7 +75,10 @@ class TritonPythonModel:
                 self.record("cancelled", request)
                 return
             time.sleep(self.step)
-            yield words[step % len(words)] + " "
+            word = words[step % len(words)]
+            if word == "fail":
+                raise Failed(f"text_words failed at word {step + 1}")
+            yield word + " "
         self.record("done", request)
 
     def response(self, request, text, count):
@@ -84,7 +92,10 @@ class TritonPythonModel:
     def answer(self, request):
         if self.mode == "echo":
             return self.response(request, self.describe(request), 1)
-        words = list(self.words(request))
+        try:
+            words = list(self.words(request))
+        except Failed as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         if request.is_cancelled():
             error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
             return pb_utils.InferenceResponse(error=error)
@@ -95,6 +106,11 @@ class TritonPythonModel:
         if self.mode == "echo":
             sender.send(self.response(request, self.describe(request), 1))
         else:
-            for word in self.words(request):
-                sender.send(self.response(request, word, 1))
+            try:
+                for word in self.words(request):
+                    sender.send(self.response(request, word, 1))
+            except Failed as exc:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
