@@ -9,7 +9,7 @@ import threading
 import types
 from pathlib import Path
 
-from tritium.backends.python import model_argv
+from tritium.backends.python import model_argv, model_imports
 from tritium.backends.python.errors import describe_exception
 from tritium.backends.python.model_paths import ModelPaths
 from tritium.core.errors import ErrorCode, TritiumError
@@ -42,6 +42,7 @@ def import_model_file(path: Path) -> types.ModuleType:
         sys.modules[package_name] = package
         sys.modules[spec.name] = module
         _model_paths.use(_search_dirs(path))
+        model_imports.register(package_name, str(path.parent))
         try:
             spec.loader.exec_module(module)
         except BaseException as exc:
@@ -63,6 +64,7 @@ def forget_module(module: types.ModuleType) -> None:
     with _import_lock:
         for name in [n for n in sys.modules if n.partition(".")[0] == package_name]:
             del sys.modules[name]
+        model_imports.unregister(package_name)
         if module.__file__ is not None:
             _model_paths.release(_search_dirs(Path(module.__file__)))
 

@@ -44,24 +44,24 @@ class Tensor:
 
     __slots__ = ("_core",)
 
-    def __init__(self, name: str, data: Any) -> None:
-        name = as_text(name)
+    def __init__(self, name: str | bytes, data: Any) -> None:
+        text: str = as_text(name)
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
         if array.dtype == _BFLOAT16:
             # Kept as the raw 16-bit patterns, as the core stores BF16.
             array = np.ascontiguousarray(array).view(np.uint16)
-            self._core = CoreTensor(name, DataType.BF16, tuple(array.shape), array)
+            self._core = CoreTensor(text, DataType.BF16, tuple(array.shape), array)
             return
         datatype = DataType.from_numpy(array.dtype)
         if datatype is None:
             raise TritonModelException(
-                f"tensor '{name}': numpy dtype '{array.dtype}' has no Triton data type"
+                f"tensor '{text}': numpy dtype '{array.dtype}' has no Triton data type"
             )
         if datatype is DataType.BYTES:
             array = _as_bytes_array(array)
         elif not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        self._core = CoreTensor(name, datatype, tuple(array.shape), array)
+        self._core = CoreTensor(text, datatype, tuple(array.shape), array)
 
     @classmethod
     def _wrap(cls, core: CoreTensor) -> Tensor:
@@ -73,10 +73,13 @@ class Tensor:
         return self._core.name
 
     def as_numpy(self) -> np.ndarray:
+        data = self._core.data
+        if not data.flags.writeable:
+            data = self._own_copy()
         if self._core.datatype is DataType.BF16:
             # Triton refuses here; ml_dtypes gives numpy a bfloat16, so tritium can answer.
-            return self._core.data.view(_BFLOAT16)
-        return self._core.data
+            return data.view(_BFLOAT16)
+        return data
 
     def shape(self) -> list[int]:
         return list(self._core.shape)
@@ -97,7 +100,7 @@ class Tensor:
         return _CPU_DEVICE
 
     @staticmethod
-    def from_dlpack(name: str, tensor: Any) -> Tensor:
+    def from_dlpack(name: str | bytes, tensor: Any) -> Tensor:
         source = tensor if hasattr(tensor, "__dlpack__") else _Capsule(tensor)
         return Tensor(name, np.from_dlpack(source))
 
@@ -108,7 +111,21 @@ class Tensor:
     def _dlpack_source(self) -> np.ndarray:
         if self._core.datatype is DataType.BYTES:
             raise TritonModelException("DLPack does not support BYTES tensors")
-        return self._core.data
+        data = self._core.data
+        return data if data.flags.writeable else self._own_copy()
+
+    def _own_copy(self) -> np.ndarray:
+        """Replace read-only data by a writable copy, once: later calls see that copy.
+
+        Binary inputs are views of immutable request bytes (the HTTP body, gRPC raw
+        contents). Triton hands models writable tensors, models write into them, and
+        DLPack consumers such as torch refuse to import a read-only array. Copying when
+        the model first reaches the data keeps the frontends zero-copy and costs one
+        memcpy per input only for data that was read-only.
+        """
+        data = self._core.data.copy()
+        self._core.data = data
+        return data
 
 
 class _Capsule:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from typing import Any
 
 import orjson
@@ -59,11 +59,11 @@ class InferenceRequest:
 
     def __init__(
         self,
-        request_id: str = "",
+        request_id: str | bytes = "",
         correlation_id: int | str = 0,
         inputs: list[Tensor] | None = None,
-        requested_output_names: list[str] | None = None,
-        model_name: str | None = None,
+        requested_output_names: Sequence[str | bytes] | None = None,
+        model_name: str | bytes | None = None,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
