@@ -4,6 +4,7 @@ and sys.argv, writable tensors, and a non-decoupled sender ending at its first r
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -92,6 +93,18 @@ def test_bls_request_takes_bytes_names() -> None:
     assert (request.model_name(), request.request_id()) == ("add_sub", "id-1")
     assert request.requested_output_names() == ["OUT", "OUT2"]
     assert request.inputs()[0].name() == "INPUT0"
+
+
+def test_other_text_arguments_take_bytes(caplog: pytest.LogCaptureFixture) -> None:
+    """TritonError's message, MetricFamily's name and description and Logger messages are
+    std::string in Triton's bindings as well."""
+    assert pb_utils.TritonError(b"went wrong").message() == "went wrong"
+    counter = pb_utils.MetricFamily.COUNTER
+    family = pb_utils.MetricFamily(b"model_api_bytes_total", b"about", counter)
+    assert (family.name, family.description) == ("model_api_bytes_total", "about")
+    with caplog.at_level(logging.INFO, logger="tritium.model"):
+        pb_utils.Logger.log_info(b"said in bytes")
+    assert [record.getMessage() for record in caplog.records] == ["said in bytes"]
 
 
 def test_read_only_data_becomes_writable_once() -> None:

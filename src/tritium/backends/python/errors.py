@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+from tritium.backends.python.text import as_text
 from tritium.core.errors import ErrorCode, TritiumError
 
 
@@ -38,10 +39,10 @@ class TritonError:
     ALREADY_EXISTS = TritonErrorCode.ALREADY_EXISTS
     CANCELLED = TritonErrorCode.CANCELLED
 
-    def __init__(self, message: str, code: int = TritonErrorCode.INTERNAL) -> None:
+    def __init__(self, message: str | bytes, code: int = TritonErrorCode.INTERNAL) -> None:
         if message is None or code is None:
             raise TypeError("TritonError needs a message and a code (neither may be None)")
-        self._message = str(message)
+        self._message = str(as_text(message))  # std::string in Triton: bytes too
         self._code = TritonErrorCode(code)
 
     def message(self) -> str:

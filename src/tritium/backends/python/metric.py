@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from tritium.backends.python.errors import TritonModelException
+from tritium.backends.python.text import as_text
 from tritium.core import messages
 
 # Prometheus's (pre-UTF-8) naming rules, as prometheus-cpp enforces them.
@@ -246,8 +247,9 @@ class MetricFamily:
     _registry: ClassVar[dict[str, RegisteredFamily]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, name: str, description: str, kind: int) -> None:
+    def __init__(self, name: str | bytes, description: str | bytes, kind: int) -> None:
         self._handles: weakref.WeakSet[Metric] = weakref.WeakSet()
+        name, description = as_text(name), as_text(description)  # std::string in Triton
         if not isinstance(name, str) or not isinstance(description, str):
             raise TypeError("MetricFamily name and description must be str, got "
                             f"{name!r}, {description!r}")
