@@ -9,7 +9,8 @@ them are cancelled.
 from __future__ import annotations
 
 import asyncio
-import queue
+import collections
+import threading
 from typing import TYPE_CHECKING, Any
 
 from tritium.backends.python import scope
@@ -55,19 +56,73 @@ def exec_async(request: InferenceRequest) -> asyncio.Future[Any]:
 def exec_decoupled(request: InferenceRequest) -> ResponseIterator:
     """``request.exec(decoupled=True)``: responses arrive on an iterator as they come."""
     service, child, cancellation = _start(request)
-    sink: queue.SimpleQueue[CoreResponse] = queue.SimpleQueue()
+    sink = ResponseBuffer()
     asyncio.run_coroutine_threadsafe(_pump(service, child, cancellation, sink), service.loop)
     return ResponseIterator(cancellation, sink)
+
+
+def exec_decoupled_async(request: InferenceRequest) -> asyncio.Future[ResponseIterator]:
+    """``request.async_exec(decoupled=True)``: the iterator, once the first response came.
+
+    As in Triton, where the call waits for the first response in an executor: awaiting
+    it lets the loop run other coroutines meanwhile (their own BLS calls included),
+    and a plain ``for`` over a child that already finished never blocks the loop.
+    """
+    iterator = exec_decoupled(request)
+    return asyncio.ensure_future(iterator.wait_first())
+
+
+class ResponseBuffer:
+    """A child's responses: put on the server loop, taken by a model thread that blocks
+    or awaited on a model's own event loop (one reader at a time)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._items: collections.deque[CoreResponse] = collections.deque()
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def put(self, response: CoreResponse) -> None:
+        with self._ready:
+            self._items.append(response)
+            self._ready.notify_all()
+            waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            loop = waiter.get_loop()
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_wake, waiter)
+
+    def get(self) -> CoreResponse:
+        """The next response, blocking the calling thread until there is one."""
+        with self._ready:
+            self._ready.wait_for(lambda: self._items)
+            return self._items.popleft()
+
+    async def wait_nonempty(self) -> None:
+        """Return once a response can be taken without blocking."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._ready:
+                if self._items:
+                    return
+                waiter = loop.create_future()
+                self._waiters.append(waiter)
+            await waiter
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class ResponseIterator:
     """The responses of a decoupled BLS call, ending after the FINAL one.
 
     A flag-only FINAL is yielded as a response without outputs, as Triton does. Like
-    Triton's, iterating again after the end replays the responses.
+    Triton's, iterating again after the end replays the responses. Besides Triton's
+    blocking ``for``, ``async for`` awaits each response without blocking the loop.
     """
 
-    def __init__(self, cancellation: Cancellation, sink: queue.SimpleQueue[CoreResponse]):
+    def __init__(self, cancellation: Cancellation, sink: ResponseBuffer):
         self._cancellation = cancellation
         self._sink = sink
         self._seen: list[InferenceResponse] = []
@@ -77,6 +132,26 @@ class ResponseIterator:
     def __iter__(self) -> ResponseIterator:
         if self._finished and self._index >= len(self._seen):
             self._index = 0
+        return self
+
+    def __aiter__(self) -> ResponseIterator:
+        return self.__iter__()
+
+    async def __anext__(self) -> InferenceResponse:
+        if not self._finished:
+            await self._sink.wait_nonempty()
+        try:
+            return self.__next__()
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def wait_first(self) -> ResponseIterator:
+        """This iterator, once its first response can be read without blocking."""
+        try:
+            await self._sink.wait_nonempty()
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
         return self
 
     def __next__(self) -> InferenceResponse:
@@ -170,7 +245,7 @@ async def _pump(
     service: InferenceService,
     child: CoreRequest,
     cancellation: Cancellation,
-    sink: queue.SimpleQueue[CoreResponse],
+    sink: ResponseBuffer,
 ) -> None:
     try:
         stream = _submit(service, child, cancellation, allow_decoupled=True)

@@ -136,9 +136,7 @@ class InferenceRequest:
     def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
         """Like ``exec``, awaitable from ``async def execute`` (submitted right away)."""
         if decoupled:
-            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            future.set_result(bls.exec_decoupled(self))
-            return future
+            return bls.exec_decoupled_async(self)
         return bls.exec_async(self)
 
 
