@@ -81,3 +81,55 @@ def test_finished_and_refused_requests_stop_following_their_parent() -> None:
         assert not finished.is_cancelled() and not refused.is_cancelled()
 
     asyncio.run(main())
+
+
+class Holds(AnswersAtOnce):
+    """A model version that queues what it admits and answers nothing by itself."""
+
+    def __init__(self) -> None:
+        self.admitted: list[AdmittedRequest] = []
+
+    def enqueue(self, admitted: AdmittedRequest) -> None:
+        admitted.move_to(RequestStage.QUEUED)
+        self.admitted.append(admitted)
+
+    def request_cancelled(self, admitted: AdmittedRequest) -> None:
+        if admitted.stage is RequestStage.QUEUED:
+            admitted.move_to(RequestStage.DONE)  # as the scheduler drops a queued request
+
+    def request_finished(self, admitted: AdmittedRequest, error: TritiumError | None) -> None:
+        if admitted.stage is not RequestStage.DONE:
+            admitted.move_to(RequestStage.DONE)
+
+
+@pytest.mark.parametrize(("internal", "executing", "kept"), [
+    (True, True, True),     # a BLS child that runs: the model decides what comes next
+    (True, False, False),   # a BLS child still queued never runs: it ends CANCELLED
+    (False, True, False),   # a client's request: its reader is gone, it ends CANCELLED
+])
+def test_what_a_cancelled_request_still_delivers(internal: bool, executing: bool,
+                                                 kept: bool) -> None:
+    """Triton's request cancel only asks the backend to stop a running request; a
+    model's own BLS child that ignores it goes on streaming to the calling model."""
+    async def main() -> list[InferenceResponse]:
+        loop = asyncio.get_running_loop()
+        model = Holds()
+        service = InferenceService(model, loop)
+        cancellation = Cancellation(loop)
+        stream = service.submit(InferenceRequest(model_name="m", inputs={}), cancellation,
+                                internal=internal)
+        if executing:
+            model.admitted[0].move_to(RequestStage.EXECUTING)
+        cancellation.cancel(CancelReason.CLIENT_CANCELLED)
+        await asyncio.to_thread(stream.send_nowait, InferenceResponse(final=False))
+        await asyncio.to_thread(stream.send_nowait, InferenceResponse.final_flag())
+        responses = [response async for response in stream]
+        assert service.in_flight() == []
+        return responses
+
+    responses = asyncio.run(main())
+    if kept:
+        assert [(r.error, r.flag_only) for r in responses] == [(None, False), (None, True)]
+    else:
+        assert len(responses) == 1 and responses[0].error is not None
+        assert responses[0].error.code is ErrorCode.CANCELLED

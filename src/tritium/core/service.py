@@ -20,7 +20,7 @@ from tritium.core.model import (
     TensorMetadata,
 )
 from tritium.core.names import check_model_name
-from tritium.core.request import AdmittedRequest, InferenceRequest
+from tritium.core.request import AdmittedRequest, InferenceRequest, RequestStage
 from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.statistics import ModelStatistics
 from tritium.core.validation import validate_request
@@ -203,7 +203,11 @@ class InferenceService:
         batch_size = validate_request(request, model)
         if cancellation.reason is not None:
             raise cancellation.reason.to_error()
-        stream = ResponseStream(self.loop, cancellation, model.served_by)
+        # A model's own request (BLS) cancelled by that model is only asked to stop, as
+        # Triton's TRITONSERVER_InferenceRequestCancel does: once executing, whatever the
+        # child still sends reaches the caller, who is still reading.
+        stream = ResponseStream(self.loop, None if internal else cancellation,
+                                model.served_by)
         admitted = AdmittedRequest(request, cancellation, stream, batch_size)
         model.enqueue(admitted)
 
@@ -211,6 +215,9 @@ class InferenceService:
             assert cancelled.reason is not None
             # The scheduler reads the request's stage before the stream is closed.
             model.request_cancelled(admitted)
+            if (internal and cancelled.reason is CancelReason.CLIENT_CANCELLED
+                    and admitted.stage is RequestStage.EXECUTING):
+                return
             stream.close_with(InferenceResponse.failure(cancelled.reason.to_error()))
 
         def on_done() -> None:

@@ -117,7 +117,7 @@ class ModelInstance:
 
     def _execute(self, batch: list[AdmittedRequest]) -> None:
         # Checked again here: a request cancelled after dispatch never reaches the model.
-        live = [r for r in batch if not r.cancellation.is_cancelled()]
+        live = self._live(batch)
         elapsed = -1
         woken: list[ResponseStream] = []
         if live:
@@ -147,8 +147,18 @@ class ModelInstance:
         finally:
             model_loop.close()
 
+    def _live(self, batch: list[AdmittedRequest]) -> list[AdmittedRequest]:
+        """The requests of ``batch`` not cancelled yet; the others are answered."""
+        live: list[AdmittedRequest] = []
+        dropped: list[AdmittedRequest] = []
+        for request in batch:
+            (dropped if request.cancellation.is_cancelled() else live).append(request)
+        if dropped:
+            self._loop.call_soon_threadsafe(_end_unstarted, dropped)
+        return live
+
     def _start_async(self, batch: list[AdmittedRequest]) -> None:
-        live = [r for r in batch if not r.cancellation.is_cancelled()]
+        live = self._live(batch)
         backend = self._backend
         assert backend is not None
         result: Awaitable[None] | None = None
@@ -197,6 +207,18 @@ class ModelInstance:
 
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(settle)
+
+
+def _end_unstarted(requests: list[AdmittedRequest]) -> None:
+    """Loop only: end the streams of requests cancelled before their execute began.
+
+    A client's request was ended by its cancellation already; a model's own (BLS) request
+    that was executing is left to the model, so one that never reached it ends here.
+    """
+    for request in requests:
+        reason = request.cancellation.reason
+        if reason is not None:
+            request.stream.close_with(InferenceResponse.failure(reason.to_error()))
 
 
 def _fail_batch(batch: list[AdmittedRequest], model: str, exc: BaseException) -> None:
