@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.server_process import TritiumProcess
@@ -141,3 +143,73 @@ def test_bls_submission_errors(server: TritiumProcess, mode: str, expected: str)
     result = client.infer("bls_errors", [tensor]).as_numpy("OUTPUT0")
     assert result is not None
     assert result[0].decode() == expected
+
+
+def _add_sub_body(parameters: dict[str, Any]) -> dict[str, Any]:
+    tensors = [{"name": name, "shape": [16], "datatype": "FP32", "data": [0.0] * 16}
+               for name in ("INPUT0", "INPUT1")]
+    return {"inputs": tensors, "parameters": parameters}
+
+
+@pytest.mark.parametrize(("parameters", "expected"), [
+    ({"priority": "high"}, "Unable to parse 'priority': attempt to access JSON "
+     "non-unsigned-integer as unsigned-integer"),
+    ({"sequence_end": "yes"}, "Unable to parse 'sequence_end': attempt to access JSON "
+     "non-boolean as boolean"),
+    ({"sequence_id": [1]}, "Unable to parse 'sequence_id': attempt to access JSON non-string "
+     "as string"),
+])
+def test_http_parameter_of_the_wrong_type(server: TritiumProcess, parameters: dict[str, Any],
+                                          expected: str) -> None:
+    """Triton's HTTP frontend (http_server.cc): "Unable to parse '<key>': " and then
+    TritonJson's refusal (triton_json.h), as a 400."""
+    reply = requests.post(f"http://{server.http_url}/v2/models/add_sub/infer",
+                          json=_add_sub_body(parameters), timeout=30)
+    assert reply.status_code == 400
+    assert reply.json() == {"error": expected}
+
+
+def test_http_json_field_of_the_wrong_type(server: TritiumProcess) -> None:
+    """An "id" that is no string: "Unable to parse 'id': attempt to access JSON non-string as
+    string" (ParseJsonTritonRequestID) on /infer and /generate alike."""
+    expected = {"error": "Unable to parse 'id': attempt to access JSON non-string as string"}
+    body = {**_add_sub_body({}), "id": 7}
+    reply = requests.post(f"http://{server.http_url}/v2/models/add_sub/infer", json=body,
+                          timeout=30)
+    assert (reply.status_code, reply.json()) == (400, expected)
+    reply = requests.post(f"http://{server.http_url}/v2/models/repeat/generate",
+                          json={"id": 7, "INPUT0": 1}, timeout=30)
+    assert (reply.status_code, reply.json()) == (400, expected)
+
+
+def _grpc_parameter(key: str, **value: Any) -> dict[str, Any]:
+    return {key: service_pb2.InferParameter(**value)}
+
+
+@pytest.mark.parametrize(("parameters", "expected"), [
+    (_grpc_parameter("priority", string_param="high"), "invalid value type for 'priority' "
+     "parameter, expected int64_param or uint64_param."),
+    (_grpc_parameter("priority", int64_param=-1), "invalid value for 'priority', expected "
+     "value >= 0."),
+    (_grpc_parameter("timeout", bool_param=True), "invalid value type for 'timeout' "
+     "parameter, expected int64_param."),
+    (_grpc_parameter("sequence_start", int64_param=1), "invalid value type for "
+     "'sequence_start' parameter, expected bool_param."),
+    (_grpc_parameter("sequence_id", double_param=1.5), "invalid value type for 'sequence_id' "
+     "parameter, expected int64_param or string_param."),
+])
+def test_grpc_parameter_of_the_wrong_type(server: TritiumProcess, parameters: dict[str, Any],
+                                          expected: str) -> None:
+    """Triton's gRPC frontend (infer_handler.cc SetInferenceRequestMetadata) names the
+    InferParameter fields it accepts for each key, as INVALID_ARGUMENT."""
+    request = service_pb2.ModelInferRequest(model_name="add_sub", parameters=parameters)
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[16])
+        request.raw_input_contents.append(np.zeros(16, np.float32).tobytes())
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=30)
+    error: Any = caught.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == expected

@@ -91,9 +91,29 @@ def test_known_parameters_set_request_fields() -> None:
 ])
 def test_known_parameters_check_types(key: str, value: Any) -> None:
     request = InferenceRequest(model_name="m", inputs={})
-    names = ValueNames(unsigned="a uint", boolean="a flag")
-    with pytest.raises(TritiumError, match=f"Unable to parse '{key}': expected a (uint|flag)"):
+    names = ValueNames(unsigned="{key} is no uint", boolean="{key} is no flag",
+                       string="{key} is no text")
+    with pytest.raises(TritiumError, match=f"^{key} is no (uint|flag|text)$"):
         apply_known_parameter(request, key, value, names)
+
+
+@pytest.mark.parametrize(("key", "value", "text"), [
+    ("priority", "high", "Unable to parse 'priority': attempt to access JSON "
+     "non-unsigned-integer as unsigned-integer"),
+    ("timeout", -1, "Unable to parse 'timeout': attempt to access JSON non-unsigned-integer "
+     "as unsigned-integer"),
+    ("sequence_start", 1, "Unable to parse 'sequence_start': attempt to access JSON "
+     "non-boolean as boolean"),
+    ("sequence_id", 1.5, "Unable to parse 'sequence_id': attempt to access JSON non-string as "
+     "string"),
+])
+def test_json_parameter_refusals_read_as_tritons(key: str, value: Any, text: str) -> None:
+    """Triton's HTTP frontend names the parameter, then TritonJson's refusal
+    (http_server.cc with RETURN_MSG_IF_ERR; triton_json.h); a sequence_id that is no
+    unsigned integer is read as a string, so the string's refusal is what it says."""
+    with pytest.raises(TritiumError) as caught:
+        apply_known_parameter(InferenceRequest(model_name="m", inputs={}), key, value)
+    assert caught.value.message == text
 
 
 def test_reserved_keys() -> None:

@@ -62,3 +62,14 @@ BLS_DECOUPLED_ON_EXEC = (
     "Model {model} is using the decoupled. The current BLS request call doesn't support "
     "models using the decoupled transaction policy. Please use 'decoupled=True' argument to "
     "the 'exec' or 'async_exec' calls for decoupled models.'")
+
+# -- parameters and JSON fields of the wrong type. HTTP (server src/http_server.cc): the
+# field's name, then TritonJson's own refusal (common include/triton/common/triton_json.h).
+JSON_NOT_UNSIGNED = ("Unable to parse '{key}': attempt to access JSON non-unsigned-integer as "
+                     "unsigned-integer")
+JSON_NOT_BOOL = "Unable to parse '{key}': attempt to access JSON non-boolean as boolean"
+JSON_NOT_STRING = "Unable to parse '{key}': attempt to access JSON non-string as string"
+# gRPC (server src/grpc/infer_handler.cc, grpc_utils.cc): the InferParameter fields expected.
+PROTO_WRONG_TYPE = "invalid value type for '{key}' parameter, expected {expected}."
+PROTO_NOT_BOOL = "invalid value type for '{key}' parameter, expected bool_param."
+PROTO_NEGATIVE = "invalid value for '{key}', expected value >= 0."

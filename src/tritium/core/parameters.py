@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from tritium.core.errors import invalid
+from tritium.core import messages
+from tritium.core.errors import TritiumError, invalid
 from tritium.core.request import SEQUENCE_END, SEQUENCE_START, InferenceRequest
 
 RESERVED_PREFIX = "triton_"
@@ -14,10 +15,18 @@ RESERVED_PREFIX = "triton_"
 
 @dataclass(frozen=True, slots=True)
 class ValueNames:
-    """How a wire format names the value types an error message says were expected."""
+    """How a wire format words a parameter of the wrong type: templates (core/messages.py)
+    taking the parameter's ``key`` and what the format ``expected`` for that key."""
 
-    unsigned: str = "an unsigned integer"
-    boolean: str = "a boolean"
+    unsigned: str = messages.JSON_NOT_UNSIGNED
+    boolean: str = messages.JSON_NOT_BOOL
+    string: str = messages.JSON_NOT_STRING
+    # A negative number where an unsigned one belongs, when the format words it apart.
+    negative: str | None = None
+    expected: Mapping[str, str] = field(default_factory=dict)
+
+    def refusal(self, template: str, key: str) -> TritiumError:
+        return invalid(template.format(key=key, expected=self.expected.get(key, "")))
 
 
 PLAIN_NAMES = ValueNames()
@@ -26,14 +35,16 @@ PLAIN_NAMES = ValueNames()
 def parse_unsigned(key: str, value: Any, names: ValueNames = PLAIN_NAMES) -> int:
     """``value`` if it is an int in [0, 2**64) (a bool is not); INVALID_ARG otherwise."""
     if type(value) is not int or not 0 <= value < 1 << 64:
-        raise invalid(f"Unable to parse '{key}': expected {names.unsigned}")
+        negative = type(value) is int and value < 0
+        template = names.negative if negative and names.negative else names.unsigned
+        raise names.refusal(template, key)
     return value
 
 
 def parse_bool(key: str, value: Any, names: ValueNames = PLAIN_NAMES) -> bool:
     """``value`` if it is a bool; INVALID_ARG otherwise."""
     if type(value) is not bool:
-        raise invalid(f"Unable to parse '{key}': expected {names.boolean}")
+        raise names.refusal(names.boolean, key)
     return value
 
 
@@ -57,10 +68,10 @@ def refuse_reserved(key: str, also: frozenset[str] = frozenset()) -> None:
 
 
 def _sequence_id(request: InferenceRequest, value: Any, names: ValueNames) -> None:
-    if type(value) is str:
-        request.correlation_id = value
-    else:
-        request.correlation_id = parse_unsigned("sequence_id", value, names)
+    # Triton reads an unsigned integer, else a string: what it says is the string's refusal.
+    if not (type(value) is str or (type(value) is int and 0 <= value < 1 << 64)):
+        raise names.refusal(names.string, "sequence_id")
+    request.correlation_id = value
 
 
 def _sequence_start(request: InferenceRequest, value: Any, names: ValueNames) -> None:

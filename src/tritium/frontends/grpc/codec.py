@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from tritium.core import messages
 from tritium.core.classification import classify
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.logging_settings import (
@@ -292,8 +293,14 @@ def _oneof_value(param: pb.InferParameter) -> ParamValue | None:
     return None if kind is None else getattr(param, kind)
 
 
-# Messages name the protobuf fields a client should have set.
-_PROTO_NAMES = ValueNames(unsigned="a non-negative int64_param", boolean="a bool_param")
+# Messages name the protobuf fields a client should have set, per key as Triton's
+# infer_handler.cc does.
+_PROTO_NAMES = ValueNames(
+    unsigned=messages.PROTO_WRONG_TYPE, boolean=messages.PROTO_NOT_BOOL,
+    string=messages.PROTO_WRONG_TYPE, negative=messages.PROTO_NEGATIVE,
+    expected={"sequence_id": "int64_param or string_param",
+              "priority": "int64_param or uint64_param", "timeout": "int64_param",
+              "classification": "int64_param"})
 
 
 def _apply_parameters(request: InferenceRequest, state: GrpcRequestState, params: Any) -> None:

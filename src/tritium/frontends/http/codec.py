@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from tritium.core import messages
 from tritium.core.classification import classify
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.model import ModelHandle
@@ -175,7 +176,7 @@ def _raw_shape(spec: TensorSpec, batched: bool, byte_size: int) -> tuple[int, ..
 def _request_id(doc: dict[str, Any]) -> str:
     value = doc.get("id", "")
     if type(value) is not str:
-        raise invalid("Unable to parse 'id': expected a string")
+        raise invalid(messages.JSON_NOT_STRING.format(key="id"))
     return value
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tritium.core import messages
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
@@ -60,7 +61,7 @@ def decode_generate_request(
     request = InferenceRequest(model_name=model.name, inputs={}, model_version=model_version)
     request_id = doc.get("id", "")
     if type(request_id) is not str:
-        raise invalid("Unable to parse 'id': expected a string")
+        raise invalid(messages.JSON_NOT_STRING.format(key="id"))
     request.id = request_id
     _refuse_repeated_inputs(body, doc, model, request)
     budget = _InputBudget(max_input_size)

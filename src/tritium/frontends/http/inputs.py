@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tritium.core import messages
 from tritium.core.errors import TritiumError, invalid
 from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
@@ -118,7 +119,7 @@ def _plan_input(
     if source is _Source.BINARY:
         size = params["binary_data_size"]
         if type(size) is not int or size < 0:
-            raise invalid("Unable to parse 'binary_data_size': expected an unsigned integer")
+            raise invalid(messages.JSON_NOT_UNSIGNED.format(key="binary_data_size"))
         chunk = reader.take(name, size)
         _check_binary_size(label, datatype, count, chunk)
         return PlannedInput(label, datatype, shape, count, chunk)
