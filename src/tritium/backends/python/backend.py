@@ -70,7 +70,8 @@ class PythonBackend:
 
     def finalize(self) -> None:
         finalize = getattr(self.model, "finalize", None)
-        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir))
+        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir,
+                                                 phase=scope.Phase.FINALIZE))
         try:
             if finalize is not None:
                 finalize()

@@ -181,6 +181,10 @@ class ResponseIterator:
 
 
 def _start(request: InferenceRequest) -> tuple[InferenceService, CoreRequest, Cancellation]:
+    phase = scope.current_phase()
+    if phase is not None and phase is not scope.Phase.EXECUTE:
+        # Triton's stub refuses BLS until initialize() has returned and once finalizing.
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
     service = scope.current_service()
     if service is None:
         raise TritonModelException("BLS requests need a running tritium server")

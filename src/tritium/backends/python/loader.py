@@ -98,7 +98,8 @@ def _highest_version_dir(model_dir: Path, filename: str) -> Path:
 def _run_auto_complete(hook: Any, config: Any, version_dir: str) -> Any:
     copy = type(config)()
     copy.CopyFrom(config)
-    token = scope.enter(scope.ExecutionScope(None, version_dir))
+    token = scope.enter(scope.ExecutionScope(None, version_dir,
+                                             phase=scope.Phase.AUTO_COMPLETE))
     try:
         result = hook(ModelConfig(copy))
     except Exception as exc:
@@ -136,7 +137,8 @@ def _initialize(
     initialize = getattr(model, "initialize", None)
     if initialize is None:
         return
-    token = scope.enter(scope.ExecutionScope(service, version_dir))
+    token = scope.enter(scope.ExecutionScope(service, version_dir,
+                                             phase=scope.Phase.INITIALIZE))
     try:
         initialize(args)
     finally:

@@ -10,6 +10,7 @@ from tritium.backends.python import scope
 from tritium.backends.python.errors import TritonError, TritonErrorCode, TritonModelException
 from tritium.backends.python.metric import Metric, MetricFamily, MetricKind
 from tritium.backends.python.model_config import ModelConfig
+from tritium.backends.python.model_control import is_model_ready, load_model, unload_model
 from tritium.backends.python.pb_tensor import (
     TRITON_STRING_TO_NUMPY,
     Tensor,
@@ -168,15 +169,3 @@ _PYTHON_LEVEL = {
     Logger.LogLevel.ERROR: logging.ERROR,
     Logger.LogLevel.VERBOSE: logging.DEBUG,
 }
-
-
-def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-    raise TritonModelException("pb_utils.load_model is not supported yet")
-
-
-def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    raise TritonModelException("pb_utils.unload_model is not supported yet")
-
-
-def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    raise TritonModelException("pb_utils.is_model_ready is not supported yet")

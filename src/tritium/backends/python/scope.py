@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
 from tritium.core.request import AdmittedRequest
 from tritium.core.service import InferenceService
+
+
+class Phase(enum.Enum):
+    """Which of the model's functions is running: BLS works only in ``execute``."""
+
+    AUTO_COMPLETE = "auto_complete_config"
+    INITIALIZE = "initialize"
+    EXECUTE = "execute"
+    FINALIZE = "finalize"
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +28,7 @@ class ExecutionScope:
     service: InferenceService | None
     model_dir: str
     requests: Sequence[AdmittedRequest] = ()
+    phase: Phase = Phase.EXECUTE
 
 
 _current: ContextVar[ExecutionScope | None] = ContextVar("tritium_python_scope", default=None)
@@ -54,3 +65,9 @@ def current_service() -> InferenceService | None:
 def current_parents() -> Sequence[AdmittedRequest]:
     scope = _current.get()
     return () if scope is None else scope.requests
+
+
+def current_phase() -> Phase | None:
+    """None outside model code run by the backend (a thread the model started, say)."""
+    scope = _current.get()
+    return None if scope is None else scope.phase

@@ -1,0 +1,125 @@
+"""pb_utils.load_model, unload_model and is_model_ready: the server's model control,
+called from model code.
+
+They are the repository API a client reaches with ``POST /v2/repository/models/<name>/load``,
+so the same restriction holds: loading and unloading need ``--model-control-mode=explicit``.
+Model code runs on an instance thread (or its own event loop), never on the server loop;
+each call waits there for the server loop to do the work, as Triton's stub waits for the
+parent process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from tritium.backends.python import scope
+from tritium.backends.python.errors import TritonModelException
+from tritium.core.errors import TritiumError
+from tritium.core.service import InferenceService
+
+T = TypeVar("T")
+
+_LOAD_FAILED = "Failed to load model: "
+_UNLOAD_FAILED = "Failed to unload model: "
+_READINESS_FAILED = "Failed to check model readiness: "
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) ``model_name``, optionally with a JSON config and override files."""
+    name = _text("model_name", model_name)
+    parameters: dict[str, Any] = {}
+    if _text("config", config):
+        parameters["config"] = config
+    if files is not None:
+        parameters.update(_file_parameters(name, files))
+    service = _service(_LOAD_FAILED)
+    _wait(service, service.load_model(name, parameters), _LOAD_FAILED)
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Take ``model_name`` out of service; returns without waiting for it to drain."""
+    name = _text("model_name", model_name)
+    if not isinstance(unload_dependents, bool):
+        raise TypeError("unload_dependents must be a bool")
+    service = _service(_UNLOAD_FAILED)
+    # A model has no dependents here (no ensembles), so the flag changes nothing.
+    _wait(service, service.unload_model(name, {}), _UNLOAD_FAILED)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether ``model_name`` (the version the policy picks, or ``model_version``) is READY.
+
+    As in Triton, a model the server cannot resolve raises instead of answering False.
+    """
+    name = _text("model_name", model_name)
+    version = _version(_text("model_version", model_version))
+    service = _service(_READINESS_FAILED)
+    try:
+        return service.model(name, version).is_ready()
+    except TritiumError as exc:
+        raise TritonModelException(_READINESS_FAILED + exc.message) from None
+
+
+def _text(argument: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a str, found '{type(value).__name__}'")
+    return value
+
+
+def _file_parameters(name: str, files: Any) -> dict[str, bytes]:
+    if not isinstance(files, dict) or not all(
+        isinstance(key, str) and isinstance(value, (bytes, bytearray))
+        for key, value in files.items()
+    ):
+        raise TritonModelException(
+            f"failed to load model '{name}', files should be a dictionary of file paths "
+            "and file contents"
+        )
+    return {key: bytes(value) for key, value in files.items()}
+
+
+def _version(text: str) -> int | None:
+    """Triton's reading of a version string: empty picks by policy, else an integer >= 0."""
+    if not text:
+        return None
+    try:
+        version = int(text)
+    except ValueError as exc:
+        raise TritonModelException(
+            f"{_READINESS_FAILED}failed to get model version from specified version string "
+            f"'{text}' (details: {exc}), version should be an integral value > 0"
+        ) from None
+    if version < 0:
+        raise TritonModelException(
+            f"{_READINESS_FAILED}failed to get model version from specified version string "
+            f"'{text}', version should be an integral value > 0"
+        )
+    return version
+
+
+def _service(prefix: str) -> InferenceService:
+    if scope.current_phase() in (scope.Phase.AUTO_COMPLETE, scope.Phase.FINALIZE):
+        raise TritonModelException(
+            f"{prefix}the model loading API is not supported during the "
+            "'auto_complete_config' and 'finalize' functions"
+        )
+    service = scope.current_service()
+    if service is None:
+        raise TritonModelException(f"{prefix}the model loading API needs a running server")
+    return service
+
+
+def _wait(service: InferenceService, work: Coroutine[Any, Any, T], prefix: str) -> T:
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is service.loop:
+        work.close()
+        raise TritonModelException(f"{prefix}cannot wait on the server's event loop")
+    try:
+        return asyncio.run_coroutine_threadsafe(work, service.loop).result()
+    except TritiumError as exc:
+        raise TritonModelException(prefix + exc.message) from None
