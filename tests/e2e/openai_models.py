@@ -8,6 +8,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -55,7 +56,22 @@ def build_openai_repository(repo: Path, record_dir: Path) -> Path:
         {"chat_template": CHAT_TEMPLATE, "bos_token": {"content": "<s>"}, "eos_token": "</s>"})
     for name in ("llm", "text_words", "text_stream"):
         (repo / name / "tokenizer_config.json").write_text(tokenizer)
+    for name in ("llm", "token_engine"):
+        word_tokenizer().save(str(repo / name / "tokenizer.json"))
     return repo
+
+
+def word_tokenizer() -> Any:
+    """A tokenizer.json of a few words: whitespace and punctuation split, a BOS token put
+    before a text encoded with its special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"[UNK]": 0, "[BOS]": 1, "one": 2, "two": 3, "user": 4}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[BOS] $A", special_tokens=[("[BOS]", 1)])
+    return tokenizer
 
 
 @pytest.fixture(scope="module")

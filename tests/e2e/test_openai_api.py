@@ -19,7 +19,13 @@ import pytest
 import requests
 
 from tests.e2e.observe import metric
-from tests.e2e.openai_models import base_url, client, openai_records, openai_server
+from tests.e2e.openai_models import (
+    base_url,
+    client,
+    openai_records,
+    openai_server,
+    word_tokenizer,
+)
 from tests.server_process import TritiumProcess
 
 __all__ = ["client", "openai_records", "openai_server"]  # fixtures
@@ -255,3 +261,30 @@ def test_model_error_before_any_text_is_a_server_error(client: openai.OpenAI, mo
             list(answer)
     assert caught.value.status_code == 500
     assert "failed at word 1" in caught.value.message
+
+
+def test_usage_counted_by_the_models_tokenizer(client: openai.OpenAI) -> None:
+    """token_engine reports no counts; its directory's tokenizer.json counts them: the
+    prompt with the tokenizer's special tokens (BOS), the answer without."""
+    answer = client.completions.create(model="token_engine", prompt="one two", max_tokens=3)
+    assert answer.choices[0].text == "one two one "
+    assert answer.usage is not None
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens,
+            answer.usage.total_tokens) == (3, 3, 6)
+    # Only the model's own counts tell that it stopped at the limit.
+    assert answer.choices[0].finish_reason == "stop"
+
+
+def test_chat_usage_counts_the_rendered_prompt(client: openai.OpenAI) -> None:
+    """A chat prompt has its BOS from the template: counted without special tokens, as the
+    same tokenizer counts the rendered template."""
+    chunks = list(client.chat.completions.create(
+        model="llm", max_tokens=2, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "one two"}]))
+    usage = chunks[-1].usage
+    assert usage is not None
+    prompt = "<s>[user] one two [assistant]"
+    tokenizer = word_tokenizer()
+    assert usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False).ids)
+    assert usage.completion_tokens == len(tokenizer.encode("<s>[user] one ",
+                                                           add_special_tokens=False).ids)

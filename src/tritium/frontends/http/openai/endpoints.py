@@ -3,6 +3,7 @@ with every request, so a client that closes its connection cancels the model's w
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -10,7 +11,7 @@ import orjson
 from tritium.core.errors import TritiumError
 from tritium.core.llm_statistics import OUTCOMES, GenerationTimer
 from tritium.core.model import ModelHandle
-from tritium.core.response import ResponseStream
+from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.service import InferenceService
 from tritium.frontends.http.exchange import HttpExchange
 from tritium.frontends.http.openai.chat import ChatTemplates, messages_of
@@ -18,6 +19,7 @@ from tritium.frontends.http.openai.errors import OpenAIError, from_tritium, mode
 from tritium.frontends.http.openai.mapping import TextDecoder, Usage, build_request
 from tritium.frontends.http.openai.params import Params, common_params, parse_body, prompt_of
 from tritium.frontends.http.openai.replies import DONE_EVENT, Reply, model_object, sse
+from tritium.frontends.http.openai.tokenizer import Tokenizers, count_tokens
 from tritium.frontends.http.routes import Match
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ SSE = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "
 # A client may name its request (as vLLM's server allows): the id the model and the logs see.
 REQUEST_ID_HEADER = "x-request-id"
 TEMPLATES = ChatTemplates()
+TOKENIZERS = Tokenizers()
 # Outcomes a request is counted under (core.llm_statistics.OUTCOMES).
 SUCCESS, ERROR, CANCELLED = OUTCOMES
 
@@ -70,6 +73,37 @@ async def chat_completions(api: HttpApi, exchange: HttpExchange, match: Match) -
     await _serve(api, exchange, chat=True)
 
 
+@dataclass(slots=True)
+class Job:
+    """One OpenAI request on its way: what answers it, counts it and times it."""
+
+    reply: Reply
+    params: Params
+    prompt: str
+    timer: GenerationTimer
+    tokenizer: Any | None  # counts usage when the model reports no token counts
+    usage: Usage = field(default_factory=Usage)
+    # The answer's text, kept for the tokenizer to count.
+    parts: list[str] = field(default_factory=list)
+
+    def add(self, response: InferenceResponse, text: str) -> None:
+        self.timer.step()
+        self.usage.add(response)
+        if self.tokenizer is not None:
+            self.parts.append(text)
+
+    async def count_usage(self) -> None:
+        if self.tokenizer is None or self.usage.reported:
+            return
+        # A chat prompt got its special tokens (BOS) from the template already.
+        prompt = await count_tokens(self.tokenizer, self.prompt, not self.reply.chat)
+        completion = await count_tokens(self.tokenizer, "".join(self.parts), False)
+        self.usage.counted(prompt, completion)
+
+    def finish_reason(self) -> str:
+        return self.usage.finish_reason(self.params.max_tokens)
+
+
 async def _serve(api: HttpApi, exchange: HttpExchange, chat: bool) -> None:
     try:
         doc = parse_body(await api._unpacked_body(exchange))
@@ -77,17 +111,18 @@ async def _serve(api: HttpApi, exchange: HttpExchange, chat: bool) -> None:
         reply = Reply(params.model, chat, params.include_usage)
         request_id = exchange.request.headers.get(REQUEST_ID_HEADER) or reply.id
         request = build_request(model, prompt, params, request_id)
-        timer = model.statistics().generation.request(
-            "chat_completions" if chat else "completions")
+        job = Job(reply, params, prompt, model.statistics().generation.request(
+            "chat_completions" if chat else "completions"), TOKENIZERS.for_model(model))
         try:
             stream = api.service.submit(request, exchange.cancellation)
             answer = _stream if params.stream else _whole
-            outcome, usage = await answer(exchange, stream, reply, params, timer)
+            outcome = await answer(exchange, stream, job)
         except BaseException:
-            timer.finish(CANCELLED if exchange.disconnected else ERROR)
+            job.timer.finish(CANCELLED if exchange.disconnected else ERROR)
             raise
-        tokens = usage.completion_tokens if usage.reported else timer.steps
-        timer.finish(outcome, usage.prompt_tokens or 0, tokens)
+        usage = job.usage
+        tokens = usage.completion_tokens if usage.reported else job.timer.steps
+        job.timer.finish(outcome, usage.prompt_tokens or 0, tokens)
     except OpenAIError as exc:
         _fail(exchange, exc)
     except TritiumError as exc:
@@ -108,46 +143,45 @@ def _prompt(service: InferenceService, doc: dict[str, Any], chat: bool
     return params, model, TEMPLATES.for_model(model).render(messages)
 
 
-async def _whole(exchange: HttpExchange, stream: ResponseStream, reply: Reply,
-                 params: Params, timer: GenerationTimer) -> tuple[str, Usage]:
+async def _whole(exchange: HttpExchange, stream: ResponseStream, job: Job) -> str:
     """All of the model's responses, their text joined into one answer."""
-    decoder, usage, parts = TextDecoder(), Usage(), []
+    decoder, parts = TextDecoder(), []
     async for response in stream:
         if response.error is not None:
             if exchange.disconnected:
-                return CANCELLED, usage  # cancelled because the client left: nobody to answer
+                return CANCELLED  # cancelled because the client left: nobody to answer
             raise response.error
         if not response.flag_only:
-            timer.step()
-            parts.append(decoder.text(response))
-            usage.add(response)
+            text = decoder.text(response)
+            parts.append(text)
+            job.add(response, text)
     parts.append(decoder.rest())
-    _respond(exchange, 200, reply.whole("".join(parts), usage.finish_reason(params.max_tokens),
-                                        usage.object()))
-    return SUCCESS, usage
+    job.parts = parts
+    await job.count_usage()
+    _respond(exchange, 200, job.reply.whole("".join(parts), job.finish_reason(),
+                                            job.usage.object()))
+    return SUCCESS
 
 
-async def _stream(exchange: HttpExchange, stream: ResponseStream, reply: Reply,
-                  params: Params, timer: GenerationTimer) -> tuple[str, Usage]:
+async def _stream(exchange: HttpExchange, stream: ResponseStream, job: Job) -> str:
     """Each response as it comes, as server-sent events, ended by ``data: [DONE]``. The
     head waits for the first response, so an error before any text gets its status."""
-    decoder, usage, started = TextDecoder(), Usage(), False
+    decoder, started, reply = TextDecoder(), False, job.reply
     async for response in stream:
         if exchange.disconnected:
-            return CANCELLED, usage
+            return CANCELLED
         if response.error is not None:
             if not started:
                 raise response.error
             exchange.write_chunk(sse({"error": from_tritium(response.error).object()}))
             exchange.end_stream()
-            return ERROR, usage
+            return ERROR
         if not started:
             _start(exchange, reply)
             started = True
         if not response.flag_only:
-            timer.step()
-            usage.add(response)
             text = decoder.text(response)
+            job.add(response, text)
             if text:
                 exchange.write_chunk(reply.chunk(text))
         await exchange.wait_writable()
@@ -155,13 +189,15 @@ async def _stream(exchange: HttpExchange, stream: ResponseStream, reply: Reply,
         _start(exchange, reply)
     rest = decoder.rest()
     if rest:
+        job.parts.append(rest)
         exchange.write_chunk(reply.chunk(rest))
-    exchange.write_chunk(reply.chunk(None, usage.finish_reason(params.max_tokens)))
+    await job.count_usage()
+    exchange.write_chunk(reply.chunk(None, job.finish_reason()))
     if reply.include_usage:
-        exchange.write_chunk(reply.usage_chunk(usage.object()))
+        exchange.write_chunk(reply.usage_chunk(job.usage.object()))
     exchange.write_chunk(DONE_EVENT)
     exchange.end_stream()
-    return SUCCESS, usage
+    return SUCCESS
 
 
 def _start(exchange: HttpExchange, reply: Reply) -> None:

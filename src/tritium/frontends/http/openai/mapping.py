@@ -118,21 +118,30 @@ def _as_bytes(value: Any) -> bytes:
 
 @dataclass(slots=True)
 class Usage:
-    """Token counts, known when the model reports them: the prompt's once, the
-    completion's summed over responses."""
+    """Token counts, known when the model reports them (the prompt's once, the
+    completion's summed over responses) or a tokenizer counted them."""
 
     prompt_tokens: int | None = None
     completion_tokens: int = 0
     reported: bool = False
+    # The model's own counts: only they tell that it stopped at max_tokens (a tokenizer's
+    # count of the text need not match the model's steps).
+    by_model: bool = False
 
     def add(self, response: InferenceResponse) -> None:
         counts = {t.name: int(t.data.reshape(-1)[0]) for t in response.outputs
                   if t.name in (INPUT_TOKENS, OUTPUT_TOKENS) and t.element_count}
         if OUTPUT_TOKENS in counts:
-            self.reported = True
+            self.reported = self.by_model = True
             self.completion_tokens += counts[OUTPUT_TOKENS]
         if INPUT_TOKENS in counts and self.prompt_tokens is None:
             self.prompt_tokens = counts[INPUT_TOKENS]
+
+    def counted(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Counts from a tokenizer, for a model that reports none."""
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.reported = True
 
     def object(self) -> dict[str, int] | None:
         if not self.reported or self.prompt_tokens is None:
@@ -143,6 +152,6 @@ class Usage:
 
     def finish_reason(self, max_tokens: int | None) -> str:
         """"length" when the model reported it stopped at the limit, else "stop"."""
-        if self.reported and max_tokens is not None and self.completion_tokens >= max_tokens:
+        if self.by_model and max_tokens is not None and self.completion_tokens >= max_tokens:
             return "length"
         return "stop"
