@@ -167,6 +167,9 @@ def test_chat_without_a_template_is_refused(client: openai.OpenAI) -> None:
     ({"n": 2}, "n"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stop": 3}, "stop"),
+    ({"logprobs": 2}, "logprobs"),
+    ({"echo": True}, "echo"),
+    ({"best_of": 3}, "best_of"),
 ])
 def test_bad_parameters_are_bad_requests(client: openai.OpenAI, fields: dict[str, Any],
                                          param: str) -> None:

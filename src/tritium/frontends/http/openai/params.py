@@ -62,12 +62,28 @@ def common_params(doc: dict[str, Any], token_fields: tuple[str, ...]) -> Params:
     n = doc.get("n")
     if n is not None and n != 1:
         raise bad_param("n", "Only n=1 is supported")
+    _refuse_unsupported(doc)
     for name in token_fields:
         if doc.get(name) is not None:
             params.max_tokens = _positive_int(doc, name)
             break
     params.sampling = _sampling(doc)
     return params
+
+
+# Fields whose effect the generate convention cannot give, with the values that ask for
+# nothing: any other value is refused rather than silently answered without it.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False),
+    "best_of": (None, 1), "suffix": (None, ""),
+}
+
+
+def _refuse_unsupported(doc: dict[str, Any]) -> None:
+    for name, harmless in _UNSUPPORTED.items():
+        value = doc.get(name)
+        if not any(value is h or (type(value) is type(h) and value == h) for h in harmless):
+            raise bad_param(name, f"'{name}' is not supported by this server")
 
 
 def prompt_of(doc: dict[str, Any]) -> str:
