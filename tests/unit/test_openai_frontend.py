@@ -75,3 +75,21 @@ def test_no_template_says_so(tmp_path: Path) -> None:
         with pytest.raises(OpenAIError) as caught:
             ChatTemplates().for_model(model)
         assert caught.value.status == 400 and "no chat template" in caught.value.message
+
+
+def test_block_tags_are_trimmed_as_transformers_does(tmp_path: Path) -> None:
+    """transformers renders with trim_blocks and lstrip_blocks: the newline after a block tag
+    ({% ... %}) and the indentation before it are dropped; lines of expressions ({{ ... }})
+    keep both."""
+    template = ("{% for message in messages %}\n"
+                "  {{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
+                "{{ '<|im_end|>\\n' }}\n"
+                "{% endfor %}\n"
+                "  {% if add_generation_prompt %}\n"
+                "{{ '<|im_start|>assistant\\n' }}\n"
+                "{% endif %}\n")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    rendered = ChatTemplates().for_model(model_in(tmp_path)).render(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+    assert rendered == ("  <|im_start|>system\ns<|im_end|>\n\n  <|im_start|>user\nu<|im_end|>\n"
+                        "\n<|im_start|>assistant\n\n")
