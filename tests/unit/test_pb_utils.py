@@ -237,14 +237,14 @@ def test_model_control_checks_its_arguments_first() -> None:
     (GetModelVersionFromString); both are refused before the server is asked."""
     with pytest.raises(pb_utils.TritonModelException,
                        match="failed to load model 'm', files should be a dictionary"):
-        pb_utils.load_model("m", "{}", files=["file:1/model.py"])
+        pb_utils.load_model("m", "{}", files=["file:1/model.py"])  # type: ignore[arg-type]
     with pytest.raises(pb_utils.TritonModelException,
                        match=r"^Failed to check model readiness: .*'-1', version should be"):
         pb_utils.is_model_ready("m", "-1")
     with pytest.raises(pb_utils.TritonModelException, match="'v1' \\(details: "):
         pb_utils.is_model_ready("m", "v1")
     with pytest.raises(TypeError):
-        pb_utils.unload_model(None)
+        pb_utils.unload_model(None)  # type: ignore[arg-type]
 
 
 # -- ModelConfig -----------------------------------------------------------------------

@@ -114,7 +114,7 @@ def test_what_a_cancelled_request_still_delivers(internal: bool, executing: bool
     async def main() -> list[InferenceResponse]:
         loop = asyncio.get_running_loop()
         model = Holds()
-        service = InferenceService(model, loop)
+        service = InferenceService(model, loop)  # type: ignore[arg-type]
         cancellation = Cancellation(loop)
         stream = service.submit(InferenceRequest(model_name="m", inputs={}), cancellation,
                                 internal=internal)
