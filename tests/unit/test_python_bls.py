@@ -243,3 +243,31 @@ def test_already_cancelled_parent_cancels_child_at_once() -> None:
         assert child.reason is CancelReason.PARENT_CANCELLED
 
     on_a_loop(scenario)
+
+
+ASYNC_DECOUPLED_PARENT_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        tensor = requests[0].inputs()[0]
+        child = pb_utils.InferenceRequest(
+            model_name="decoupled_three", inputs=[tensor], requested_output_names=[])
+        future = child.async_exec(decoupled=True)
+        self.done_at_once = future.done()
+        responses = await future
+        self.sizes = [len(r.output_tensors()) async for r in responses]
+        self.replayed = [len(r.output_tensors()) for r in responses]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())])]
+"""
+
+
+def test_async_decoupled_exec_is_awaited_and_iterated_without_blocking(tmp_path: Path) -> None:
+    """As Triton's (run in an executor), the future is pending until the child's first
+    response; ``async for`` reads the rest, and a plain ``for`` then replays them."""
+    backend, (_, responses) = run_parent(tmp_path, ASYNC_DECOUPLED_PARENT_MODEL,
+                                         fp32_request([1.0, 2.0]))
+    assert responses[0].error is None
+    assert backend.model.done_at_once is False
+    assert backend.model.sizes == [1, 1, 0]
+    assert backend.model.replayed == [1, 1, 0]
