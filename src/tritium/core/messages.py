@@ -73,3 +73,14 @@ JSON_NOT_STRING = "Unable to parse '{key}': attempt to access JSON non-string as
 PROTO_WRONG_TYPE = "invalid value type for '{key}' parameter, expected {expected}."
 PROTO_NOT_BOOL = "invalid value type for '{key}' parameter, expected bool_param."
 PROTO_NEGATIVE = "invalid value for '{key}', expected value >= 0."
+
+# -- pb_utils arguments Triton's own code checks (python_backend src/pb_stub.cc, pb_tensor.cc);
+# wrong C++ argument types are pybind11's TypeError (backends/python/arguments.py).
+PB_CORRELATION_ID = "Correlation ID must be integer or string"
+PB_CAST_FAILED = ("Unable to cast Python instance to C++ type (#define "
+                  "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details)")
+# typeid(py::dict).name() as GCC writes it.
+PB_NOT_DICT = "Expect N8pybind114dictE, got {type}"
+PB_PARAMETER_KEY = "Expect parameters keys to have type str, found type {type}"
+PB_PARAMETER_VALUE = "Expect parameters values to have type bool/int/str, found type {type}"
+PB_EMPTY_TENSOR_NAME = "Tensor name cannot be an empty string."

@@ -8,8 +8,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from tritium.backends.python import arguments
 from tritium.backends.python.errors import TritonModelException
-from tritium.backends.python.text import as_text
+from tritium.core import messages
 from tritium.core.types import DataType
 from tritium.core.types import Tensor as CoreTensor
 
@@ -45,8 +46,10 @@ class Tensor:
     __slots__ = ("_core",)
 
     def __init__(self, name: str | bytes, data: Any) -> None:
-        text: str = as_text(name)
-        array = data if isinstance(data, np.ndarray) else np.asarray(data)
+        text = arguments.text("Tensor.__init__()", "name", name)
+        if not text:
+            raise TritonModelException(messages.PB_EMPTY_TENSOR_NAME)
+        array = data if isinstance(data, np.ndarray) else _as_array(data)
         if array.dtype == _BFLOAT16:
             # Kept as the raw 16-bit patterns, as the core stores BF16.
             array = np.ascontiguousarray(array).view(np.uint16)
@@ -139,6 +142,15 @@ class _Capsule:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return _CPU_DEVICE
+
+
+def _as_array(data: Any) -> np.ndarray:
+    # pybind11 converts the argument to a py::array as numpy would; failing, a TypeError.
+    try:
+        return np.asarray(data)
+    except (TypeError, ValueError) as exc:
+        raise arguments.incompatible("Tensor.__init__()", "data", "a numpy array",
+                                     data) from exc
 
 
 def _as_bytes_array(array: np.ndarray) -> np.ndarray:

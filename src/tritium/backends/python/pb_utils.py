@@ -6,7 +6,7 @@ import enum
 import logging
 from typing import Any
 
-from tritium.backends.python import scope
+from tritium.backends.python import arguments, scope
 from tritium.backends.python.errors import TritonError, TritonErrorCode, TritonModelException
 from tritium.backends.python.metric import Metric, MetricFamily, MetricKind
 from tritium.backends.python.model_config import ModelConfig
@@ -35,7 +35,6 @@ from tritium.backends.python.sender import (
     InferenceResponseSender,
 )
 
-from tritium.backends.python.text import as_text
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",
     "TRITONSERVER_MEMORY_GPU",
@@ -144,23 +143,27 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
-        _model_log.log(_PYTHON_LEVEL[Logger.LogLevel(level)], "%s", as_text(message), stacklevel=2)
+        # A pybind11 enum: a plain int is no LogLevel to it (TypeError).
+        if not isinstance(level, Logger.LogLevel):
+            raise arguments.incompatible("log()", "level", "a pb_utils.Logger.LogLevel", level)
+        text = arguments.text("log()", "message", message)
+        _model_log.log(_PYTHON_LEVEL[level], "%s", text, stacklevel=2)
 
     @staticmethod
     def log_info(message: str) -> None:
-        _model_log.info("%s", as_text(message), stacklevel=2)
+        _model_log.info("%s", arguments.text("log_info()", "message", message), stacklevel=2)
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _model_log.warning("%s", as_text(message), stacklevel=2)
+        _model_log.warning("%s", arguments.text("log_warn()", "message", message), stacklevel=2)
 
     @staticmethod
     def log_error(message: str) -> None:
-        _model_log.error("%s", as_text(message), stacklevel=2)
+        _model_log.error("%s", arguments.text("log_error()", "message", message), stacklevel=2)
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _model_log.debug("%s", as_text(message), stacklevel=2)
+        _model_log.debug("%s", arguments.text("log_verbose()", "message", message), stacklevel=2)
 
 
 _PYTHON_LEVEL = {

@@ -9,12 +9,12 @@ from typing import Any
 
 import orjson
 
-from tritium.backends.python import bls
+from tritium.backends.python import arguments, bls
 from tritium.backends.python.errors import TritonModelException
 from tritium.backends.python.pb_tensor import Tensor
 from tritium.backends.python.response import InferenceResponse, check_parameters, to_core
 from tritium.backends.python.sender import InferenceResponseSender
-from tritium.backends.python.text import as_text, as_text_list
+from tritium.core import messages
 from tritium.core.request import AdmittedRequest
 
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
@@ -41,8 +41,20 @@ class InferenceTrace:
         return None
 
 
+def _correlation_id(value: object) -> int | str:
+    """Triton's binding takes an int (as uint64) or a str, and says so for anything else."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, int):
+        raise TritonModelException(messages.PB_CORRELATION_ID)
+    if not 0 <= value < 1 << 64:
+        # pybind11's cast to uint64_t fails with its (release build) RuntimeError.
+        raise RuntimeError(messages.PB_CAST_FAILED)
+    return int(value)
+
+
 class InferenceRequest:
-    """A BLS request. Argument order and defaults are Triton's."""
+    """A BLS request. Argument order, defaults and checks are Triton's (arguments.py)."""
 
     __slots__ = (
         "_correlation_id",
@@ -71,21 +83,20 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, Any] | None = None,
     ) -> None:
-        if inputs is None or requested_output_names is None or model_name is None:
-            raise TypeError(
-                "InferenceRequest needs 'inputs', 'requested_output_names' and 'model_name'"
-            )
-        if not isinstance(correlation_id, (int, str)):
-            raise TritonModelException("Correlation ID must be integer or string")
-        self._request_id = as_text(request_id)
-        self._correlation_id = correlation_id
-        self._inputs = list(inputs)
-        self._requested_output_names = list(dict.fromkeys(as_text_list(requested_output_names)))
-        self._model_name = as_text(model_name)
-        self._model_version = model_version
-        self._flags = flags
-        self._timeout = timeout
-        self._trace = trace or InferenceTrace()
+        call = "InferenceRequest.__init__()"
+        self._request_id = arguments.text(call, "request_id", request_id)
+        self._correlation_id = _correlation_id(correlation_id)
+        self._inputs = arguments.instances(call, "inputs", inputs, Tensor)
+        names = arguments.text_list(call, "requested_output_names", requested_output_names)
+        self._requested_output_names = list(dict.fromkeys(names))
+        self._model_name = arguments.text(call, "model_name", model_name)
+        self._model_version = arguments.integer(call, "model_version", model_version,
+                                                arguments.INT64)
+        self._flags = arguments.integer(call, "flags", flags, arguments.UINT32)
+        self._timeout = arguments.integer(call, "timeout", timeout, arguments.UINT64)
+        arguments.optional_instance(call, "preferred_memory", preferred_memory, PreferredMemory)
+        self._trace = arguments.optional_instance(call, "trace", trace, InferenceTrace) \
+            or InferenceTrace()
         self._parameters = check_parameters(parameters)
 
     def inputs(self) -> list[Tensor]:

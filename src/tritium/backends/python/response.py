@@ -6,9 +6,14 @@ import json
 from collections.abc import Container
 from typing import Any
 
+from tritium.backends.python import arguments
 from tritium.backends.python.errors import TritonError, TritonModelException
 from tritium.backends.python.pb_tensor import Tensor
+from tritium.core import messages
 from tritium.core.response import InferenceResponse as CoreResponse
+
+# Stands for "output_tensors not given", which Triton's binding defaults to an empty list.
+_NO_OUTPUTS: Any = object()
 
 
 class InferenceResponse:
@@ -18,21 +23,15 @@ class InferenceResponse:
 
     def __init__(
         self,
-        output_tensors: list[Tensor] | None = None,
+        output_tensors: list[Tensor] | None = _NO_OUTPUTS,
         error: TritonError | None = None,
         parameters: dict[str, Any] | None = None,
     ) -> None:
-        outputs = [] if output_tensors is None else list(output_tensors)
-        for tensor in outputs:
-            if not isinstance(tensor, Tensor):
-                raise TypeError(
-                    f"output_tensors must hold pb_utils.Tensor objects, found "
-                    f"'{type(tensor).__name__}'"
-                )
-        if error is not None and not isinstance(error, TritonError):
-            raise TypeError(f"error must be a pb_utils.TritonError, found '{type(error).__name__}'")
-        self._outputs = outputs
-        self._error = error
+        call = "InferenceResponse.__init__()"
+        # Triton's default is an empty list; None converts to no std::vector (TypeError).
+        outputs = [] if output_tensors is _NO_OUTPUTS else output_tensors
+        self._outputs = arguments.instances(call, "output_tensors", outputs, Tensor)
+        self._error = arguments.optional_instance(call, "error", error, TritonError)
         self._parameters = check_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
@@ -57,18 +56,14 @@ def check_parameters(parameters: Any) -> dict[str, Any]:
     """A copy of ``parameters`` after Triton's checks: str keys, bool/int/str values."""
     if parameters is None:
         return {}
+    # Types named as Python prints them ("<class 'float'>"), as Triton's stub does.
     if not isinstance(parameters, dict):
-        raise TritonModelException(f"Expect dict, got {type(parameters).__name__}")
+        raise TritonModelException(messages.PB_NOT_DICT.format(type=type(parameters)))
     for key, value in parameters.items():
         if not isinstance(key, str):
-            raise TritonModelException(
-                f"Expect parameters keys to have type str, found type {type(key).__name__}"
-            )
+            raise TritonModelException(messages.PB_PARAMETER_KEY.format(type=type(key)))
         if not isinstance(value, (bool, int, str)):
-            raise TritonModelException(
-                "Expect parameters values to have type bool/int/str, found type "
-                f"{type(value).__name__}"
-            )
+            raise TritonModelException(messages.PB_PARAMETER_VALUE.format(type=type(value)))
     return dict(parameters)
 
 

@@ -1,0 +1,104 @@
+"""pb_utils constructors and Logger.log refuse arguments as Triton's pybind11 bindings do:
+TypeError where an argument does not convert to the C++ type of the signature, and
+TritonModelException (with Triton's text) for what Triton's own code checks afterwards."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+import triton_python_backend_utils as pb_utils
+
+DATA = np.zeros(2, np.float32)
+
+
+def request(**overrides: Any) -> Any:
+    arguments: dict[str, Any] = {"model_name": "m", "inputs": [pb_utils.Tensor("X", DATA)],
+                                 "requested_output_names": ["Y"]}
+    return pb_utils.InferenceRequest(**{**arguments, **overrides})
+
+
+def test_valid_request_arguments_convert_as_pybind11_converts_them() -> None:
+    made = request(model_name=b"m", request_id=b"r", requested_output_names=(b"Y", "Z"),
+                   model_version=np.int64(2), flags=True, timeout=0, correlation_id="seq")
+    assert (made.model_name(), made.request_id(), made.requested_output_names()) == (
+        "m", "r", ["Y", "Z"])
+    assert (made.flags(), made.correlation_id()) == (1, "seq")
+
+
+@pytest.mark.parametrize("overrides", [
+    {"model_name": None}, {"model_name": 5}, {"request_id": None}, {"request_id": 1},
+    {"inputs": None}, {"inputs": [DATA]}, {"inputs": "X"},
+    {"requested_output_names": None}, {"requested_output_names": "Y"},
+    {"requested_output_names": [1]},
+    {"model_version": 1.0}, {"model_version": "1"}, {"model_version": 1 << 63},
+    {"flags": -1}, {"flags": 1 << 32}, {"timeout": -1}, {"timeout": 0.5},
+    {"preferred_memory": "cpu"}, {"trace": 1},
+])
+def test_request_arguments_of_the_wrong_type_are_type_errors(overrides: dict[str, Any]) -> None:
+    """pb_stub.cc binds InferenceRequest's arguments as std::string, int64_t, uint32_t,
+    uint64_t and std::vector of Tensor / std::string, each ``none(false)``."""
+    with pytest.raises(TypeError):
+        request(**overrides)
+
+
+def test_request_checks_of_tritons_own_code() -> None:
+    """"Correlation ID must be integer or string" (pb_stub.cc); the parameters must be a
+    dict of str to bool/int/str (PyDefaultArgumentToMutableType, PyParametersToJSON)."""
+    with pytest.raises(pb_utils.TritonModelException) as refused:
+        request(correlation_id=1.5)
+    assert str(refused.value) == "Correlation ID must be integer or string"
+    with pytest.raises(RuntimeError, match="Unable to cast Python instance"):
+        request(correlation_id=-1)
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        request(parameters=[("a", 1)])
+    assert str(caught.value) == "Expect N8pybind114dictE, got <class 'list'>"
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        request(parameters={"a": 1.5})
+    assert str(caught.value) == ("Expect parameters values to have type bool/int/str, found "
+                                 "type <class 'float'>")
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        pb_utils.InferenceResponse(parameters={1: "a"})
+    assert str(caught.value) == ("Expect parameters keys to have type str, found type "
+                                 "<class 'int'>")
+
+
+def test_tensor_arguments() -> None:
+    """Tensor(name: std::string, data: py::array): data numpy can convert is accepted;
+    an empty name is refused by PbTensor itself."""
+    assert pb_utils.Tensor(b"X", [1, 2]).as_numpy().tolist() == [1, 2]
+    for name in (None, 3):
+        with pytest.raises(TypeError):
+            pb_utils.Tensor(name, DATA)
+    with pytest.raises(TypeError):
+        pb_utils.Tensor("X", [[1], [1, 2]])
+    with pytest.raises(pb_utils.TritonModelException) as refused:
+        pb_utils.Tensor("", DATA)
+    assert str(refused.value) == "Tensor name cannot be an empty string."
+
+
+def test_response_arguments() -> None:
+    """InferenceResponse(output_tensors: std::vector<Tensor> = [], error: TritonError or
+    None): None is no vector, and only Tensors and a TritonError convert."""
+    assert pb_utils.InferenceResponse().output_tensors() == []
+    assert pb_utils.InferenceResponse(error=None).has_error() is False
+    for arguments in ({"output_tensors": None}, {"output_tensors": [DATA]},
+                      {"output_tensors": pb_utils.Tensor("X", DATA)},
+                      {"error": "failed"}, {"error": pb_utils.TritonModelException("x")}):
+        with pytest.raises(TypeError):
+            pb_utils.InferenceResponse(**arguments)
+
+
+def test_logger_arguments(caplog: pytest.LogCaptureFixture) -> None:
+    """Logger.log(message: std::string, level: LogLevel): a plain int is no pybind11 enum
+    value, and a message must be text."""
+    with caplog.at_level(logging.INFO, logger="tritium.model"):
+        pb_utils.Logger.log(b"hello", pb_utils.Logger.WARNING)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.WARNING, "hello")]
+    for call in (lambda: pb_utils.Logger.log("x", 1), lambda: pb_utils.Logger.log(5),
+                 lambda: pb_utils.Logger.log_info(None), lambda: pb_utils.Logger.log_warn(1.0)):
+        with pytest.raises(TypeError):
+            call()
