@@ -63,6 +63,13 @@ def _cores(text: str) -> frozenset[int]:
     return frozenset(cores)
 
 
+def _directory(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"'{text}' is not a directory")
+    return path
+
+
 def _thread_core(text: str) -> str:
     if text in ("auto", "none") or (text.isascii() and text.isdigit()):
         return text
@@ -106,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the core the event loop and idle model instance threads share (model code "
              "itself runs on every core): auto (the idlest core at startup), a core "
              "number, or none to leave threads where the OS puts them")
+    add("--tokenizer", type=_directory, default=None,
+        help="OpenAI API (/v1): a directory of Hugging Face tokenizer files "
+             "(tokenizer_config.json with the chat template, tokenizer.json) for models "
+             "whose own directory has none")
     _add_access_flags(serve)
     _add_http_limit_flags(serve)
     _add_grpc_limit_flags(serve)
@@ -262,6 +273,7 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         grpc_tls=_tls(args, "grpc"),
         http_header_forward_pattern=args.http_header_forward_pattern,
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
+        openai_tokenizer=args.tokenizer,
     )
 
 

@@ -62,3 +62,6 @@ class ServerConfig:
     # Header names (a regular expression) forwarded to models as request parameters.
     http_header_forward_pattern: str = ""
     grpc_header_forward_pattern: str = ""
+    # OpenAI API (/v1): a directory of Hugging Face tokenizer files (tokenizer_config.json,
+    # tokenizer.json) for the models whose own directory has none.
+    openai_tokenizer: Path | None = None

@@ -118,7 +118,8 @@ def _http_limits(config: ServerConfig) -> HttpLimits:
 async def _start_http(config: ServerConfig, service: InferenceService) -> HttpServer:
     limits = _http_limits(config)
     forward = header_forward(config.http_header_forward_pattern)
-    app = http_restricted.restrict(HttpApi(service, config.http_max_input_size, forward),
+    app = http_restricted.restrict(HttpApi(service, config.http_max_input_size, forward,
+                                           config.openai_tokenizer),
                                    config.http_restricted_apis)
     server = await start_http_server(app, config.http_address, config.http_port, limits,
                                      ssl_context=_tls_context(config.http_tls, ["http/1.1"]))

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -27,6 +30,7 @@ from tests.e2e.openai_models import (
     word_tokenizer,
 )
 from tests.server_process import TritiumProcess
+from tests.zoo import EXAMPLES
 
 __all__ = ["client", "openai_records", "openai_server"]  # fixtures
 
@@ -291,3 +295,29 @@ def test_chat_usage_counts_the_rendered_prompt(client: openai.OpenAI) -> None:
     assert usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False).ids)
     assert usage.completion_tokens == len(tokenizer.encode("<s>[user] one ",
                                                            add_special_tokens=False).ids)
+
+
+@pytest.fixture
+def tokenizer_server(tmp_path: Path) -> Iterator[TritiumProcess]:
+    """A server whose --tokenizer directory serves token_engine, which has no files of its
+    own."""
+    repo, shared = tmp_path / "repo", tmp_path / "tokenizer"
+    shutil.copytree(EXAMPLES / "token_engine", repo / "token_engine")
+    shared.mkdir()
+    (shared / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}))
+    word_tokenizer().save(str(shared / "tokenizer.json"))
+    process = TritiumProcess(repo, "--tokenizer", str(shared)).start()
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def test_tokenizer_flag_serves_models_without_their_own(tokenizer_server: TritiumProcess
+                                                        ) -> None:
+    with openai.OpenAI(base_url=base_url(tokenizer_server), api_key="unused",
+                       max_retries=0) as own:
+        answer = own.chat.completions.create(
+            model="token_engine", max_tokens=3, messages=[{"role": "user", "content": "one"}])
+    assert answer.choices[0].message.content == "one one one "
+    assert answer.usage is not None
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (1, 3)

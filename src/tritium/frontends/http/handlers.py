@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
@@ -51,10 +52,13 @@ class HttpApi:
     """The application the transport calls for every exchange."""
 
     def __init__(self, service: InferenceService, max_input_size: int,
-                 header_forward: HeaderForward | None = None):
+                 header_forward: HeaderForward | None = None,
+                 tokenizer_dir: Path | None = None):
         self.service = service
         self.max_input_size = max_input_size
         self.header_forward = header_forward  # /infer only, as in Triton
+        # /v1: tokenizer files for the models whose own directory has none (--tokenizer).
+        self.tokenizer_dir = tokenizer_dir
         self.router: Router[Endpoint] = Router(ROUTES)
 
     async def __call__(self, exchange: HttpExchange) -> None:

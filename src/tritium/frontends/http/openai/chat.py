@@ -77,11 +77,14 @@ class ChatTemplates:
         self._lock = threading.Lock()
         self._cache: dict[Path, tuple[tuple[int, ...], ChatTemplate | None]] = {}
 
-    def for_model(self, model: ModelHandle) -> ChatTemplate:
+    def for_model(self, model: ModelHandle, fallback: Path | None = None) -> ChatTemplate:
+        """The template in the model's directory, else in ``fallback`` (--tokenizer)."""
         # The repository's models know their directory; the core's interface does not
-        # promise one, so a model without it simply has no template.
+        # promise one, so a model without it has only the fallback.
         directory = getattr(model, "model_dir", None)
         found = self._load(Path(directory)) if directory is not None else None
+        if found is None and fallback is not None:
+            found = self._load(fallback)
         if found is None:
             raise OpenAIError(
                 400, f"no chat template was found for model '{model.name}': put a Hugging "

@@ -107,12 +107,13 @@ class Job:
 async def _serve(api: HttpApi, exchange: HttpExchange, chat: bool) -> None:
     try:
         doc = parse_body(await api._unpacked_body(exchange))
-        params, model, prompt = _prompt(api.service, doc, chat)
+        params, model, prompt = _prompt(api, doc, chat)
         reply = Reply(params.model, chat, params.include_usage)
         request_id = exchange.request.headers.get(REQUEST_ID_HEADER) or reply.id
         request = build_request(model, prompt, params, request_id)
         job = Job(reply, params, prompt, model.statistics().generation.request(
-            "chat_completions" if chat else "completions"), TOKENIZERS.for_model(model))
+            "chat_completions" if chat else "completions"),
+            TOKENIZERS.for_model(model, api.tokenizer_dir))
         try:
             stream = api.service.submit(request, exchange.cancellation)
             answer = _stream if params.stream else _whole
@@ -129,9 +130,10 @@ async def _serve(api: HttpApi, exchange: HttpExchange, chat: bool) -> None:
         _fail(exchange, from_tritium(exc))
 
 
-def _prompt(service: InferenceService, doc: dict[str, Any], chat: bool
+def _prompt(api: HttpApi, doc: dict[str, Any], chat: bool
             ) -> tuple[Params, ModelHandle, str]:
     """Checked parameters, the model, and the prompt: a chat's is its rendered messages."""
+    service = api.service
     if not chat:
         params = common_params(doc, ("max_tokens",))
         prompt = prompt_of(doc)
@@ -140,7 +142,7 @@ def _prompt(service: InferenceService, doc: dict[str, Any], chat: bool
     params = common_params(doc, ("max_completion_tokens", "max_tokens"))
     messages = messages_of(doc)
     model = _ready_model(service, params.model)
-    return params, model, TEMPLATES.for_model(model).render(messages)
+    return params, model, TEMPLATES.for_model(model, api.tokenizer_dir).render(messages)
 
 
 async def _whole(exchange: HttpExchange, stream: ResponseStream, job: Job) -> str:

@@ -28,13 +28,19 @@ class Tokenizers:
         self._lock = threading.Lock()
         self._cache: dict[Path, tuple[int, Any]] = {}
 
-    def for_model(self, model: ModelHandle) -> Any | None:
+    def for_model(self, model: ModelHandle, fallback: Path | None = None) -> Any | None:
+        """The tokenizer in the model's directory, else in ``fallback`` (--tokenizer)."""
+        if not AVAILABLE:
+            return None
         # The repository's models know their directory; the core's interface does not
         # promise one (see chat.ChatTemplates).
         directory = getattr(model, "model_dir", None)
-        if not AVAILABLE or directory is None:
-            return None
-        path = Path(directory) / TOKENIZER_FILE
+        for place in (directory, fallback):
+            if place is not None and (Path(place) / TOKENIZER_FILE).is_file():
+                return self._load(Path(place) / TOKENIZER_FILE)
+        return None
+
+    def _load(self, path: Path) -> Any | None:
         try:
             stamp = path.stat().st_mtime_ns
         except OSError:
@@ -44,7 +50,7 @@ class Tokenizers:
         if cached is not None and cached[0] == stamp:
             return cached[1]
         try:
-            tokenizer = _load(path)
+            tokenizer = _read(path)
         except Exception as exc:  # a broken file costs usage counts, never the request
             log.warning("cannot read tokenizer %s: %s", path, exc)
             tokenizer = None
@@ -53,7 +59,7 @@ class Tokenizers:
         return tokenizer
 
 
-def _load(path: Path) -> Any:
+def _read(path: Path) -> Any:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(path))
