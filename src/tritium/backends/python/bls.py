@@ -68,8 +68,9 @@ def exec_decoupled_async(request: InferenceRequest) -> asyncio.Future[ResponseIt
     it lets the loop run other coroutines meanwhile (their own BLS calls included),
     and a plain ``for`` over a child that already finished never blocks the loop.
     """
+    loop = asyncio.get_running_loop()  # raises before any child is sent, as Triton's does
     iterator = exec_decoupled(request)
-    return asyncio.ensure_future(iterator.wait_first())
+    return loop.create_task(iterator.wait_first())
 
 
 class ResponseBuffer:
