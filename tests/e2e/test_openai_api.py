@@ -321,3 +321,12 @@ def test_tokenizer_flag_serves_models_without_their_own(tokenizer_server: Tritiu
     assert answer.choices[0].message.content == "one one one "
     assert answer.usage is not None
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (1, 3)
+
+
+def test_unknown_v1_endpoint_is_an_openai_error(openai_server: TritiumProcess) -> None:
+    reply = requests.post(f"{base_url(openai_server)}/embeddings", json={}, timeout=60)
+    assert reply.status_code == 404
+    assert reply.json()["error"]["type"] == "invalid_request_error"
+    reply = requests.delete(f"{base_url(openai_server)}/models", timeout=60)
+    assert reply.status_code == 405
+    assert set(reply.json()["error"]) == {"message", "type", "param", "code"}

@@ -66,7 +66,9 @@ class HttpApi:
         try:
             endpoint, match = self.router.match(request.method, request.path)
         except NoRoute as exc:
-            exchange.respond(exc.status, JSON, orjson.dumps({"error": exc.message}))
+            exchange.respond(exc.status, JSON, openai.route_error(exc.status, exc.message)
+                             if request.path.startswith("/v1/")
+                             else orjson.dumps({"error": exc.message}))
             return
         try:
             await endpoint(self, exchange, match)

@@ -44,6 +44,11 @@ def _fail(exchange: HttpExchange, error: OpenAIError) -> None:
         _respond(exchange, error.status, error.body())
 
 
+def route_error(status: int, message: str) -> bytes:
+    """No such /v1 endpoint (or method), in OpenAI's error shape."""
+    return OpenAIError(status, message).body()
+
+
 def _ready_model(service: InferenceService, name: str) -> ModelHandle:
     try:
         return service.model(name)
