@@ -47,6 +47,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model_api(root, "model_api", "first")
     write_model_api(root, "model_api_twin", "twin")
     add_model(root, "late_sender", "late_sender", LATE_SENDER)
+    add_model(root, "late_sender_async", "late_sender_async", LATE_SENDER)
     add_model(root, "identity_fp32", "identity", IDENTITY)
     return root
 
@@ -55,7 +56,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(repo: Path) -> Iterator[TritiumProcess]:
     process = TritiumProcess(
         repo, "--model-control-mode=explicit", "--load-model", "model_api",
-        "--load-model", "late_sender", "--load-model", "identity_fp32").start()
+        "--load-model", "late_sender", "--load-model", "late_sender_async",
+        "--load-model", "identity_fp32").start()
     yield process
     assert process.stop() == 0, process.log()
 
@@ -186,6 +188,14 @@ def test_response_sent_after_execute_returned(server: TritiumProcess, protocol: 
     its response sender (its test of one response after return expects it through)."""
     result = infer(server, protocol, "late_sender", mode, [4.0])
     assert result.as_numpy("OUTPUT0").tolist() == [4.0]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_async_execute_returning_none_answers_later(server: TritiumProcess,
+                                                    protocol: str) -> None:
+    """Triton runs its response-sender tests on an async variant of the model as well."""
+    result = infer(server, protocol, "late_sender_async", "", [6.0])
+    assert result.as_numpy("OUTPUT0").tolist() == [6.0]
 
 
 def test_response_sent_after_return_over_a_stream(server: TritiumProcess) -> None:

@@ -147,3 +147,4 @@ def test_non_decoupled_request_ends_with_its_first_response() -> None:
 
     [response] = asyncio.run(main())
     assert response.final and response.error is None
+
