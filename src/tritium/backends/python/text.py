@@ -17,9 +17,3 @@ def as_text(value: Any) -> Any:
         return bytes(value).decode("utf-8", "replace")
     return value
 
-
-def as_text_list(values: Any) -> Any:
-    """A list of names with each bytes element decoded (``std::vector<std::string>``)."""
-    if isinstance(values, (str, bytes, bytearray)):
-        return values
-    return [as_text(value) for value in values]
