@@ -107,10 +107,10 @@ class PythonBackend:
                 self._fail(received,
                            messages.PY_DECOUPLED_RETURN.format(instance=self.instance_name))
             return
-        problem = _returned_problem(received, result)
         if result is None:
             # Triton lets a non-decoupled model answer every request through its sender.
             result = [None] * len(received)
+        problem = _returned_problem(received, result)
         if problem is not None:
             self._fail(received, problem)
             return
