@@ -76,7 +76,7 @@ def test_histogram_needs_buckets_and_only_observes() -> None:
                            match=exact("Failed to create metric. Missing required buckets.")):
             call()
     metric = family.Metric(buckets=[1.0])
-    for call, operation in ((metric.value, "Value"), (lambda: metric.increment(1), "Increment"),
+    for call, operation in ((metric.value, "Value"), (lambda: metric.increment(1), "Increment"),  # type: ignore[assignment]
                             (lambda: metric.set(1), "Set")):
         with pytest.raises(TritonModelException,
                            match=f"HISTOGRAM does not support {operation}$"):
@@ -89,7 +89,7 @@ def test_buckets_belong_to_histograms_only_and_are_a_list() -> None:
     with pytest.raises(TritonModelException, match="Unexpected buckets found"):
         MetricFamily(unique("c"), "", MetricFamily.COUNTER).Metric(buckets=[1.0])
     with pytest.raises(TritonModelException, match="Buckets must be a list"):
-        MetricFamily(unique("h"), "", MetricFamily.HISTOGRAM).Metric(buckets=(1.0,))
+        MetricFamily(unique("h"), "", MetricFamily.HISTOGRAM).Metric(buckets=(1.0,))  # type: ignore[arg-type]
 
 
 def test_a_metric_of_a_deleted_family_raises_tritons_text() -> None:
@@ -132,7 +132,7 @@ def test_invalid_family_name_is_a_clear_error(name: str) -> None:
 @pytest.mark.parametrize("kind", [7, "counter", None, 1.0])
 def test_invalid_kind_is_a_type_error(kind: object) -> None:
     with pytest.raises(TypeError, match="invalid metric family kind"):
-        MetricFamily(unique("k"), "", kind)
+        MetricFamily(unique("k"), "", kind)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("label", ["1a", "a-b", "__reserved"])
@@ -144,17 +144,17 @@ def test_invalid_label_name(label: str) -> None:
 def test_labels_must_be_a_dict_of_strings() -> None:
     family = MetricFamily(unique("l"), "", MetricFamily.GAUGE)
     with pytest.raises(TritonModelException, match="Labels must be a dictionary"):
-        family.Metric(labels=[("a", "1")])
+        family.Metric(labels=[("a", "1")])  # type: ignore[arg-type]
     with pytest.raises(TritonModelException, match="Error when creating Metric"):
-        family.Metric(labels={"a": 1})
+        family.Metric(labels={"a": 1})  # type: ignore[dict-item]
 
 
 def test_values_must_be_numbers() -> None:
     family = MetricFamily(unique("g"), "", MetricFamily.GAUGE)
     metric = family.Metric()
     with pytest.raises(TypeError):
-        metric.set("1")
-    metric.set(np.float32(2.5))
+        metric.set("1")  # type: ignore[arg-type]
+    metric.set(np.float32(2.5))  # type: ignore[arg-type]
     assert metric.value() == 2.5
 
 

@@ -103,7 +103,7 @@ def test_other_text_arguments_take_bytes(caplog: pytest.LogCaptureFixture) -> No
     family = pb_utils.MetricFamily(b"model_api_bytes_total", b"about", counter)
     assert (family.name, family.description) == ("model_api_bytes_total", "about")
     with caplog.at_level(logging.INFO, logger="tritium.model"):
-        pb_utils.Logger.log_info(b"said in bytes")
+        pb_utils.Logger.log_info(b"said in bytes")  # type: ignore[arg-type]
     assert [record.getMessage() for record in caplog.records] == ["said in bytes"]
 
 

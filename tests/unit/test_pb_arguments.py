@@ -61,7 +61,7 @@ def test_request_checks_of_tritons_own_code() -> None:
     assert str(caught.value) == ("Expect parameters values to have type bool/int/str, found "
                                  "type <class 'float'>")
     with pytest.raises(pb_utils.TritonModelException) as caught:
-        pb_utils.InferenceResponse(parameters={1: "a"})
+        pb_utils.InferenceResponse(parameters={1: "a"})  # type: ignore[dict-item]
     assert str(caught.value) == ("Expect parameters keys to have type str, found type "
                                  "<class 'int'>")
 
@@ -72,7 +72,7 @@ def test_tensor_arguments() -> None:
     assert pb_utils.Tensor(b"X", [1, 2]).as_numpy().tolist() == [1, 2]
     for name in (None, 3):
         with pytest.raises(TypeError):
-            pb_utils.Tensor(name, DATA)
+            pb_utils.Tensor(name, DATA)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         pb_utils.Tensor("X", [[1], [1, 2]])
     with pytest.raises(pb_utils.TritonModelException) as refused:
@@ -96,9 +96,9 @@ def test_logger_arguments(caplog: pytest.LogCaptureFixture) -> None:
     """Logger.log(message: std::string, level: LogLevel): a plain int is no pybind11 enum
     value, and a message must be text."""
     with caplog.at_level(logging.INFO, logger="tritium.model"):
-        pb_utils.Logger.log(b"hello", pb_utils.Logger.WARNING)
+        pb_utils.Logger.log(b"hello", pb_utils.Logger.WARNING)  # type: ignore[arg-type]
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.WARNING, "hello")]
-    for call in (lambda: pb_utils.Logger.log("x", 1), lambda: pb_utils.Logger.log(5),
-                 lambda: pb_utils.Logger.log_info(None), lambda: pb_utils.Logger.log_warn(1.0)):
+    for call in (lambda: pb_utils.Logger.log("x", 1), lambda: pb_utils.Logger.log(5),  # type: ignore[arg-type]
+                 lambda: pb_utils.Logger.log_info(None), lambda: pb_utils.Logger.log_warn(1.0)):  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             call()
