@@ -5,6 +5,7 @@ request still queued never runs. Clients here are raw sockets closed with FIN or
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -24,7 +25,13 @@ from tests.e2e.leaving import (
 )
 from tests.e2e.leaving_http import close, read_response
 from tests.e2e.observe import Records, metric, wait_for_metric, wait_until
-from tests.e2e.openai_models import RECORD_FILE, base_url, openai_records, openai_server
+from tests.e2e.openai_models import (
+    RECORD_FILE,
+    base_url,
+    build_openai_repository,
+    openai_records,
+    openai_server,
+)
 from tests.server_process import TritiumProcess
 
 __all__ = ["openai_records", "openai_server"]  # fixtures
@@ -191,3 +198,29 @@ def test_full_queue_is_rate_limited(openai_server: TritiumProcess,
         assert "queue" in caught.value.message
         assert openai_requests(openai_server, "text_queue", "error") == errors + 1
 
+
+
+def test_shutting_down_is_service_unavailable(tmp_path: Path) -> None:
+    """While the server drains, a new request gets Triton's UNAVAILABLE "shutting down": in
+    OpenAI's shape that is a 503, which the SDK raises as InternalServerError."""
+    repo = build_openai_repository(tmp_path / "repo", tmp_path)
+    server = TritiumProcess(repo, "--exit-timeout-secs", "30").start()
+    try:
+        holder = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+        holder.sendall(raw_request("completions", completion("text_stream", True), new_id()))
+        assert holder.recv(4096).startswith(b"HTTP/1.1 200")  # the drain waits for it
+        server.signal(signal.SIGTERM)
+        server.wait_for_line("shutting down")
+        with openai.OpenAI(base_url=base_url(server), api_key="unused",
+                           max_retries=0) as client, \
+                pytest.raises(openai.InternalServerError) as caught:
+            client.completions.create(model="text_echo", prompt="x", max_tokens=1)
+        assert caught.value.status_code == 503
+        assert "shutting down" in caught.value.message
+        body = caught.value.body
+        assert isinstance(body, dict) and body.get("type") and body.get("message")
+        holder.close()  # the one request in flight leaves; the drain is over
+        assert server.wait(30) == 0, server.log()
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.stop()
