@@ -27,7 +27,7 @@ class CallEvent(enum.IntEnum):
     LOST = 4  # the connection is gone
 
 
-_MOVES: dict[tuple[CallState, CallEvent], CallState] = {
+MOVES: dict[tuple[CallState, CallEvent], CallState] = {
     (CallState.OPEN, CallEvent.END_STREAM): CallState.HALF_CLOSED,
     (CallState.OPEN, CallEvent.END): CallState.ENDING,
     (CallState.HALF_CLOSED, CallEvent.END): CallState.ENDING_HALF_CLOSED,
@@ -37,8 +37,8 @@ _MOVES: dict[tuple[CallState, CallEvent], CallState] = {
 }
 for _state in (CallState.OPEN, CallState.HALF_CLOSED, CallState.ENDING,
                CallState.ENDING_HALF_CLOSED):
-    _MOVES[_state, CallEvent.RESET] = CallState.CLOSED
-    _MOVES[_state, CallEvent.LOST] = CallState.CLOSED
+    MOVES[_state, CallEvent.RESET] = CallState.CLOSED
+    MOVES[_state, CallEvent.LOST] = CallState.CLOSED
 
 # States in which the reply is decided: a handler's late answer is dropped.
 DECIDED = frozenset({CallState.ENDING, CallState.ENDING_HALF_CLOSED, CallState.CLOSED})
@@ -51,7 +51,7 @@ class IllegalMove(Exception):
 
 
 def next_state(state: CallState, event: CallEvent) -> CallState:
-    found = _MOVES.get((state, event))
+    found = MOVES.get((state, event))
     if found is None:
         raise IllegalMove(f"{event.name} while the call is {state.name}")
     return found

@@ -20,6 +20,7 @@ from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits, Router
 from tritium.frontends.grpc.call_state import (
     CLIENT_DONE,
     DECIDED,
+    MOVES,
     CallEvent,
     CallState,
     IllegalMove,
@@ -186,7 +187,10 @@ class GrpcConnection:
     def _move(self, call: Call, event: CallEvent, *, reason: CancelReason | None = None,
               trailers: bytes = b"") -> None:
         before = call.state
-        call.state = state = next_state(before, event)
+        state = MOVES.get((before, event))  # next_state, without a call on the hot path
+        if state is None:
+            state = next_state(before, event)  # raises IllegalMove
+        call.state = state
         if reason is not None:
             call.cancellation.cancel(reason)
         if call.timer is not None and state >= CallState.ENDING:
