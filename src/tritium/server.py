@@ -13,6 +13,7 @@ from typing import Any
 
 from tritium.config import GrpcLimitSettings, ServerConfig
 from tritium.core import offload
+from tritium.core.descriptors import default_connection_cap
 from tritium.core.header_forward import header_forward
 from tritium.core.service import InferenceService
 from tritium.execution import placement as placement_module
@@ -20,7 +21,7 @@ from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.frontends.grpc import restricted as grpc_restricted
 from tritium.frontends.grpc.call import GrpcLimits
 from tritium.frontends.grpc.flood import FloodLimits
-from tritium.frontends.grpc.server import GrpcServer, default_connection_cap, start_grpc_server
+from tritium.frontends.grpc.server import GrpcServer, start_grpc_server
 from tritium.frontends.grpc.servicer import HealthServicer, InferenceServicer, router
 from tritium.frontends.http import restricted as http_restricted
 from tritium.frontends.http.handlers import HttpApi

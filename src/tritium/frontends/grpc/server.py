@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import resource
 import ssl
 
 from tritium.core.inflight import InFlight
@@ -130,15 +129,6 @@ class GrpcServer:
             for shell in list(self._endpoint.connections):
                 if shell.conn is not None:
                     shell.conn.check_timeouts(now)
-
-
-def default_connection_cap() -> int:
-    """A quarter of the open-file limit, so a flood of connections here leaves descriptors
-    for the other listeners and for model files."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 20
-    return max(16, soft // 4)
 
 
 async def start_grpc_server(routes: Router, address: str, port: int, *,

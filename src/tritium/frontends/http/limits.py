@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import resource
 from dataclasses import dataclass
 
-# Without --http-max-connections a listener takes at most this share of the process's
-# open-file limit, so that the other listeners, the models and the log keep theirs.
-CONNECTION_SHARE = 4
-MIN_CONNECTIONS = 16
+from tritium.core.descriptors import default_connection_cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +44,3 @@ class HttpLimits:
     def shortest_timeout(self) -> float:
         return min(self.header_timeout_s, self.keepalive_timeout_s, self.body_timeout_s,
                    self.body_rate_grace_s, self.send_timeout_s)
-
-
-def default_connection_cap() -> int:
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 20
-    return max(MIN_CONNECTIONS, soft // CONNECTION_SHARE)
