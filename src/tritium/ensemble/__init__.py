@@ -1,0 +1,1 @@
+"""Ensembles: Triton's ``platform: "ensemble"`` pipelines of composing models."""
