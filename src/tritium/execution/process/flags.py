@@ -1,0 +1,83 @@
+"""Per-request cancel flags in shared memory: the child's ``is_cancelled()`` is one read.
+
+The server owns the table: it gives each request it sends to an instance process a slot,
+clears it, and writes the cancel reason's code into it the moment the request's
+``Cancellation`` fires (a callback on the loop). The child only reads its byte.
+A slot carries a generation on the server side, so a late callback of a request that
+already gave its slot back cannot flip the slot's next user.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from tritium.core.cancellation import Cancellation, CancelReason
+
+SLOTS = 1 << 16
+_REASONS = list(CancelReason)
+_CODES = {reason: index + 1 for index, reason in enumerate(_REASONS)}
+
+
+def reason_of(code: int) -> CancelReason | None:
+    return _REASONS[code - 1] if 0 < code <= len(_REASONS) else None
+
+
+class FlagTable:
+    """The server's side: slots handed out, cleared, and set on cancel."""
+
+    def __init__(self, slots: int = SLOTS) -> None:
+        self.slots = slots
+        self.fd = os.memfd_create("tritium-flags", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, slots)
+        self._mm = mmap.mmap(self.fd, slots)
+        self._free = list(range(slots - 1, -1, -1))
+        self._generation = [0] * slots
+
+    def acquire(self, cancellation: Cancellation) -> int:
+        """A cleared slot that follows ``cancellation`` from now on; -1 when none is free."""
+        if not self._free:
+            return -1
+        slot = self._free.pop()
+        self._mm[slot] = 0
+        generation = self._generation[slot]
+        cancellation.add_callback(lambda c: self._set(slot, generation, c))
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._generation[slot] += 1
+        self._free.append(slot)
+
+    def _set(self, slot: int, generation: int, cancellation: Cancellation) -> None:
+        if self._generation[slot] == generation and cancellation.reason is not None:
+            self._mm[slot] = _CODES[cancellation.reason]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class FlagView:
+    """The child's side: reads only."""
+
+    def __init__(self, fd: int, slots: int) -> None:
+        self._view = memoryview(mmap.mmap(fd, slots, mmap.MAP_SHARED, mmap.PROT_READ))
+
+    def cancellation(self, slot: int) -> SlotCancellation:
+        return SlotCancellation(self._view, slot)
+
+
+class SlotCancellation:
+    """What a child-side request offers as ``cancellation`` (is_cancelled and reason)."""
+
+    __slots__ = ("_slot", "_view")
+
+    def __init__(self, view: memoryview, slot: int) -> None:
+        self._view = view
+        self._slot = slot
+
+    def is_cancelled(self) -> bool:
+        return self._slot >= 0 and self._view[self._slot] != 0
+
+    @property
+    def reason(self) -> CancelReason | None:
+        return reason_of(self._view[self._slot]) if self._slot >= 0 else None

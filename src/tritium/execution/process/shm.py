@@ -1,0 +1,265 @@
+"""Shared-memory arenas that carry tensors between the server and an instance process.
+
+Each direction has one arena: a memfd both processes map, written only by its sender.
+The sender allocates a block, copies the tensors of one message into it (the one copy),
+and names the block in the message; the receiver builds numpy views of the block (no
+copy), and when the last view is gone it clears the block's state byte. The sender
+reclaims cleared blocks when it next allocates: freeing costs no message.
+
+Small blocks come from a ring at the start of the arena (it restarts at offset 0 whenever
+it empties, so a quiet arena touches few pages); large ones from a first-fit region after
+it, whose freed pages stay mapped for the next large tensor (no page faults on reuse).
+When neither has room the tensors travel inside the message instead (a second copy).
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tritium.core.serialization import bytes_from_binary, serialize_bytes
+from tritium.core.types import DataType
+from tritium.core.types import Tensor as CoreTensor
+
+ALIGN = 64
+HEADER = 64  # state byte at +0; the block's total size (u64) at +8
+FREE, LIVE, WRAP = 0, 1, 2
+DEFAULT_CAPACITY = int(os.environ.get("TRITIUM_PROCESS_ARENA_BYTES", 2 << 30))
+RING_BYTES = 8 << 20
+LARGE = 256 << 10  # blocks above this come from the large region
+_SIZE = struct.Struct("<Q")
+
+# A packed tensor: (name, datatype code, shape, offset in the block, byte count).
+TensorDesc = tuple[str, int, tuple[int, ...], int, int]
+# A packed set of tensors: (block offset or -1, descriptors, inline bytes when -1).
+Packed = tuple[int, list[TensorDesc], bytes | None]
+EMPTY: Packed = (-1, [], None)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+def create_memfd(name: str, size: int) -> int:
+    """A sparse memfd of ``size`` bytes: pages cost memory only once touched."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    return fd
+
+
+class Mapping:
+    """One process's mapping of an arena's memfd (never unmapped: views may outlive use)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.size = size
+        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
+        self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
+
+
+class _Block:
+    """The owner of a received block's views: numpy keeps it as their base, and when the
+    last view dies the block is handed back to its writer by clearing its state byte."""
+
+    __slots__ = ("__array_interface__", "_mm", "_offset")
+
+    def __init__(self, mapping: Mapping, offset: int, nbytes: int) -> None:
+        self._mm = mapping.mm
+        self._offset = offset
+        self.__array_interface__ = {
+            "data": (mapping.address + offset + HEADER, False),
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+    def __del__(self) -> None:
+        self._mm[self._offset] = FREE
+
+
+class ArenaWriter:
+    """The sending side of an arena: allocates blocks and copies tensors into them."""
+
+    def __init__(self, mapping: Mapping, ring_bytes: int = RING_BYTES) -> None:
+        self._map = mapping
+        self._mm = mapping.mm
+        self._ring = min(ring_bytes, mapping.size)
+        self._head = 0
+        self._tail = 0
+        self._live = 0  # ring blocks not reclaimed yet
+        self._free: list[tuple[int, int]] = [(self._ring, mapping.size - self._ring)]
+        self._large: dict[int, int] = {}  # large blocks lent out: offset -> size
+        # A child sends from its main thread and from threads the model starts.
+        self._lock = threading.Lock()
+
+    # -- allocation ----------------------------------------------------------
+    def allocate(self, nbytes: int) -> int:
+        """The offset of a new LIVE block with ``nbytes`` of data, or -1 if none fits."""
+        size = HEADER + _align(nbytes)
+        with self._lock:
+            if self._large:
+                self._reclaim_large()
+            offset = self._ring_allocate(size) if size <= LARGE else self._large_allocate(size)
+            if offset >= 0:
+                self._mm[offset] = LIVE
+                _SIZE.pack_into(self._mm, offset + 8, size)
+        return offset
+
+    def _ring_allocate(self, size: int) -> int:
+        self._reclaim_ring()
+        if self._live == 0:
+            self._head = self._tail = 0
+        head, tail, ring = self._head, self._tail, self._ring
+        if head >= tail:
+            if head + size <= ring:
+                return self._take(head, size)
+            if size < tail:
+                if head < ring:
+                    self._mm[head] = WRAP
+                return self._take(0, size)
+            return -1
+        if head + size < tail:
+            return self._take(head, size)
+        return -1
+
+    def _take(self, offset: int, size: int) -> int:
+        self._head = offset + size
+        self._live += 1
+        return offset
+
+    def _reclaim_ring(self) -> None:
+        mm = self._mm
+        while self._live:
+            tail = self._tail
+            if tail >= self._ring:
+                self._tail = 0
+                continue
+            state = mm[tail]
+            if state == WRAP:
+                self._tail = 0
+            elif state == FREE:
+                self._tail = tail + _SIZE.unpack_from(mm, tail + 8)[0]
+                self._live -= 1
+            else:
+                return
+
+    def _large_allocate(self, size: int) -> int:
+        for index, (offset, room) in enumerate(self._free):
+            if room >= size:
+                if room == size:
+                    del self._free[index]
+                else:
+                    self._free[index] = (offset + size, room - size)
+                self._large[offset] = size
+                return offset
+        return -1
+
+    def _reclaim_large(self) -> None:
+        mm = self._mm
+        for offset in [o for o in self._large if mm[o] == FREE]:
+            self._release_large(offset, self._large.pop(offset))
+
+    def _release_large(self, offset: int, size: int) -> None:
+        free = self._free
+        index = bisect.bisect(free, (offset, 0))
+        if index < len(free) and offset + size == free[index][0]:
+            size += free.pop(index)[1]
+        if index > 0 and free[index - 1][0] + free[index - 1][1] == offset:
+            offset, size = free[index - 1][0], free[index - 1][1] + size
+            index -= 1
+            del free[index]
+        free.insert(index, (offset, size))
+
+    # -- packing -------------------------------------------------------------
+    def pack(self, tensors: Sequence[CoreTensor]) -> Packed:
+        """Copy ``tensors`` into one block (inline bytes when no block fits)."""
+        if not tensors:
+            return EMPTY
+        sources: list[Any] = []
+        descs: list[TensorDesc] = []
+        total = 0
+        for tensor in tensors:
+            data = _source_bytes(tensor)
+            nbytes = len(data)
+            descs.append((tensor.name, tensor.datatype.code, tuple(tensor.shape), total, nbytes))
+            sources.append(data)
+            total += _align(nbytes)
+        offset = self.allocate(total)
+        if offset < 0:
+            return -1, descs, b"".join(_padded(sources, descs))
+        target = self._map.bytes
+        base = offset + HEADER
+        for (_, _, _, at, nbytes), data in zip(descs, sources, strict=True):
+            if nbytes:
+                target[base + at:base + at + nbytes] = np.frombuffer(data, dtype=np.uint8)
+        return offset, descs, None
+
+    def pack_buffers(self, buffers: Sequence[Any]) -> Packed:
+        """Plain byte buffers (memoryviews, bytes) packed as UINT8 tensors."""
+        tensors = [CoreTensor("", DataType.UINT8, (len(memoryview(b).cast("B")),),
+                              np.frombuffer(b, dtype=np.uint8)) for b in buffers]
+        return self.pack(tensors)
+
+
+def _source_bytes(tensor: CoreTensor) -> Any:
+    if tensor.datatype is DataType.BYTES:
+        return serialize_bytes(tensor.data)
+    data = tensor.data
+    if not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data)
+    return data.reshape(-1).view(np.uint8)
+
+
+def _padded(sources: list[Any], descs: list[TensorDesc]) -> list[bytes]:
+    parts = []
+    for data, desc in zip(sources, descs, strict=True):
+        raw = bytes(memoryview(data).cast("B")) if len(data) else b""
+        parts.append(raw + b"\0" * (_align(desc[4]) - desc[4]))
+    return parts
+
+
+class ArenaReader:
+    """The receiving side: numpy views of received blocks, freed when the views are."""
+
+    def __init__(self, mapping: Mapping) -> None:
+        self._map = mapping
+
+    def block(self, offset: int, nbytes: int) -> np.ndarray:
+        return np.asarray(_Block(self._map, offset, nbytes))
+
+    def unpack(self, packed: Packed) -> list[CoreTensor]:
+        offset, descs, inline = packed
+        if not descs:
+            return []
+        if inline is not None:
+            flat = np.frombuffer(bytearray(inline), dtype=np.uint8)
+        else:
+            last = descs[-1]
+            flat = self.block(offset, last[3] + last[4])
+        return [_tensor(flat, desc) for desc in descs]
+
+    def unpack_buffers(self, packed: Packed) -> list[memoryview]:
+        return [tensor.data.data for tensor in self.unpack(packed)]
+
+
+def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
+    name, code, shape, at, nbytes = desc
+    datatype = DataType.from_code(code)
+    assert datatype is not None
+    raw = flat[at:at + nbytes]
+    if datatype is DataType.BYTES:
+        count = 1
+        for dim in shape:
+            count *= dim
+        data = bytes_from_binary(raw.data, count, f"for tensor '{name}'").reshape(shape)
+    else:
+        data = raw.view(datatype.numpy).reshape(shape)
+    return CoreTensor(name, datatype, shape, data)
