@@ -7,6 +7,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# What every request of a batch is answered when its instance process dies, as Triton
+# answers it (python_backend stub_launcher.cc ReceiveMessageFromStub; an INTERNAL error).
+STUB_UNHEALTHY = "Stub process '{instance}' is not healthy."
+
 
 @dataclass(frozen=True, slots=True)
 class RestartPolicy:
