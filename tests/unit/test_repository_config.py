@@ -247,7 +247,8 @@ def test_gpu_requests_are_rejected(tmp_path: Path, groups: str, expected: str) -
          "backend 'onnxruntime' is not supported by tritium; only python"),
         ('platform: "onnxruntime_onnx"', "model.onnx", "platform 'onnxruntime_onnx'"),
         ("", None, "must specify 'platform' or 'backend'"),
-        ('platform: "ensemble"', None, "platform 'ensemble' is not supported"),
+        ('platform: "ensemble"', None,
+         "ensemble scheduling must be set for ensemble m whose platform is ensemble"),
     ],
 )
 def test_unsupported_backends_are_rejected(

@@ -12,6 +12,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tritium.core.types import DataType, TensorSpec
+from tritium.ensemble.validation import is_ensemble
 from tritium.repository.scan import find_models
 from tritium.repository.validation import (
     ConfigError,
@@ -145,7 +146,8 @@ def finish_model_config(model_dir: Path, prepared: PreparedConfig,
     """Run auto-complete (model code) on a prepared config, then validate the result."""
     config = prepared.config
     try:
-        if auto_complete is not None:
+        # An ensemble has no model code: no backend completes its config.
+        if auto_complete is not None and not is_ensemble(config):
             config = _auto_complete(model_dir, config, auto_complete)
             _normalize(config)
         validate_model_config(config)

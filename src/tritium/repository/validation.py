@@ -11,6 +11,12 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.types import DataType
+from tritium.ensemble.validation import (
+    ENSEMBLE_PLATFORM,
+    EnsembleConfigError,
+    is_ensemble,
+    validate_ensemble_scheduling,
+)
 
 SUPPORTED_BACKEND = "python"
 WILDCARD_DIM = -1
@@ -138,6 +144,13 @@ def validate_model_identity(config: Any) -> None:
     """The model has a name and runs on the one backend tritium has."""
     if not config.name:
         raise ConfigError("model configuration must specify 'name'")
+    if config.platform == ENSEMBLE_PLATFORM:
+        if config.backend:
+            raise ConfigError(
+                f"Ensemble model '{config.name}' must have platform type "
+                f"'{ENSEMBLE_PLATFORM}' and empty backend type"
+            )
+        return
     if config.backend == SUPPORTED_BACKEND:
         return
     if config.backend:
@@ -158,6 +171,8 @@ def validate_model_identity(config: Any) -> None:
 
 def validate_instance_groups(config: Any) -> None:
     """Every group runs on a device this machine has; tritium has no GPU support yet."""
+    if is_ensemble(config):
+        return  # an ensemble has no instances (its own check refuses any group)
     if not config.instance_group:
         raise ConfigError(f"must specify one or more 'instance group's for {config.name}")
     for group in config.instance_group:
@@ -195,8 +210,11 @@ def _check_batching(config: Any) -> None:
                 f"sequence batching minimum slot utilization must be in range (0.0, 1.0] "
                 f"for {name}"
             )
-    elif scheduler == "ensemble_scheduling":
-        raise ConfigError(f"ensemble scheduling is not supported by tritium (model '{name}')")
+    if is_ensemble(config):
+        try:
+            validate_ensemble_scheduling(config)
+        except EnsembleConfigError as exc:
+            raise ConfigError(exc.message) from None
 
 
 def _check_preferred(config: Any, sizes: Iterable[int], what: str) -> None:
