@@ -84,3 +84,52 @@ PB_NOT_DICT = "Expect N8pybind114dictE, got {type}"
 PB_PARAMETER_KEY = "Expect parameters keys to have type str, found type {type}"
 PB_PARAMETER_VALUE = "Expect parameters values to have type bool/int/str, found type {type}"
 PB_EMPTY_TENSOR_NAME = "Tensor name cannot be an empty string."
+
+# -- system shared memory (server src/shared_memory_manager.cc, common.cc/.h, http_server.cc,
+# grpc/grpc_utils.h, grpc/infer_handler.cc). Registration and lookup first, then the tensor
+# parameters each frontend parses.
+SHM_DISABLED = ("Client shared memory is disabled. Start the server with "
+                "'--allow-client-shm=true' to enable.")
+SHM_NEEDS_NAME = "'region name' is necessary to register system shared memory region"
+SHM_NO_FIELD = "Shared memory register request has no '{field}' field"
+SHM_INVALID_KEY = "cannot register shared memory region '{name}' - invalid shm key '{key}'"
+SHM_RESERVED_KEY = ("cannot register shared memory region '{name}' with key '{key}' as the "
+                    "key contains the reserved prefix '{prefix}'")
+SHM_ALREADY_REGISTERED = "shared memory region '{name}' already in manager"
+SHM_CANNOT_OPEN = "Unable to open shared memory region: '{key}'"
+SHM_NOT_A_REGION = "Invalid shared memory region: '{key}'"
+SHM_OUT_OF_BOUNDS = "failed to register shared memory region '{name}': invalid args"
+# mmap's refusal of an empty mapping, as Triton words it (strerror joined without a space).
+SHM_EMPTY = ("failed to register shared memory region '{name}': unable to process address "
+             "spaceInvalid argument")
+SHM_TOO_MANY = ("failed to register shared memory region '{name}': {limit} regions are "
+                "registered already, the most this server holds")
+SHM_UNKNOWN_REGION = "Unable to find shared memory region: '{name}'"
+SHM_UNKNOWN_STATUS = "Unable to find system shared memory region: '{name}'"
+SHM_BAD_OFFSET = "Invalid offset for shared memory region: '{name}'"
+SHM_BAD_RANGE = "Invalid offset + byte size for shared memory region: '{name}'"
+# tritium's own: Triton would fault (SIGBUS) on a region whose file shrank under it.
+SHM_SHRUNK = ("shared memory region '{name}' is smaller than when it was registered: its "
+              "file holds {size} bytes, {needed} are needed")
+SHM_READ_ONLY = "shared memory region '{name}' can not be written: its file is read-only"
+SHM_OUTPUT_TOO_SMALL = ("shared memory size specified with the request for output '{output}' "
+                        "({size} bytes) should be at least {needed} bytes to hold the results")
+SHM_HTTP_WITH_CLASSIFICATION = ("Output can't set both 'shared_memory_region' and "
+                                "'classification'")
+SHM_HTTP_WITH_BINARY = "Output can't set both 'shared_memory_region' and 'binary_data'"
+SHM_GRPC_WITH_CLASSIFICATION = ("output can't set both 'shared_memory_region' and "
+                                "'classification'")
+SHM_GRPC_WRONG_TYPE = ("invalid value type for '{key}' parameter for tensor '{tensor}', "
+                       "expected {expected}.")
+SHM_GRPC_WITHOUT_REGION = ("'{key}' can not be specified without 'shared_memory_region' "
+                           "parameter for tensor '{tensor}'")
+SHM_GRPC_WITH_CONTENTS = ("unexpected 'content' provided when using shared memory for input "
+                          "tensor '{tensor}' for model '{model}'")
+# Triton built without CUDA (http_server.cc, grpc_server.cc): CUDA regions can not be
+# registered; status lists none and unregistering finds nothing to do.
+CUDA_SHM_UNSUPPORTED = ("failed to register CUDA shared memory region: '{name}', GPUs not "
+                        "supported")
+CUDA_SHM_NEEDS_NAME = "'region name' is necessary to register cuda shared memory region"
+CUDA_SHM_UNKNOWN_STATUS = "Unable to find cuda shared memory region: '{name}'"
+CUDA_SHM_IS_SYSTEM = ("The region named '{name}' is registered as system shared memory, not "
+                      "CUDA shared memory")

@@ -1,0 +1,268 @@
+"""System shared memory regions that clients register, and tensor bytes read from and
+written to them (Triton's system shared memory extension), for both frontends.
+
+A region is an open file descriptor on a POSIX shared memory object, never a mapping: the
+object belongs to a client, who may shrink it at any time, and touching a mapping past the
+end of its file kills the process with SIGBUS. ``pread``/``pwrite`` at the region's offset
+instead return short or fail, and the file's size is checked before every use.
+
+The descriptor lives as long as its ``Region`` object: unregistering drops the registry's
+reference, and a request still reading or writing the region holds its own until it is done,
+so a descriptor number is never closed under a request (and reused for another file).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import weakref
+from dataclasses import dataclass
+
+from tritium.core import messages
+from tritium.core.errors import ErrorCode, TritiumError, invalid
+
+try:
+    import _posixshmem  # CPython's own binding of shm_open, as multiprocessing uses it
+except ImportError:  # pragma: no cover - not a POSIX system
+    _posixshmem = None
+
+# Keys of the regions Triton's python backend makes for itself; a client may not name them.
+RESERVED_PREFIX = "triton_python_backend_shm_region_"
+# Each region holds a descriptor: bound them, so clients cannot run the server out of files.
+MAX_REGIONS = 1024
+EXTENSION = "system_shared_memory"
+
+
+@dataclass(frozen=True, slots=True)
+class RegionStatus:
+    """A registered region as status reports it."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+class Region:
+    """One registered region: ``byte_size`` bytes from ``offset`` in the object ``key``."""
+
+    __slots__ = ("__weakref__", "byte_size", "fd", "key", "name", "offset", "writable")
+
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, fd: int,
+                 writable: bool):
+        self.name = name
+        self.key = key
+        self.offset = offset
+        self.byte_size = byte_size
+        self.fd = fd
+        self.writable = writable
+        # Closed when the last holder (registry or request) lets go, whichever is last.
+        weakref.finalize(self, os.close, fd)
+
+    def status(self) -> RegionStatus:
+        return RegionStatus(self.name, self.key, self.offset, self.byte_size)
+
+    def read(self, offset: int, size: int) -> bytearray:
+        """``size`` bytes from ``offset`` within the region, copied (a writable buffer)."""
+        self._check_file(offset + size)
+        data = bytearray(size)
+        done = 0
+        view = memoryview(data)
+        while done < size:
+            got = os.preadv(self.fd, [view[done:]], self.offset + offset + done)
+            if got <= 0:  # the file shrank between the check and the read
+                self._check_file(offset + size)
+                raise self._shrunk(self.offset + offset + done, offset + size)
+            done += got
+        return data
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """``data`` into the region from ``offset`` (the caller checked that it fits)."""
+        if not self.writable:
+            raise TritiumError(ErrorCode.INTERNAL,
+                               messages.SHM_READ_ONLY.format(name=self.name))
+        self._check_file(offset + len(data))
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], self.offset + offset + done)
+
+    def _check_file(self, end: int) -> None:
+        """The file still holds the region up to ``end`` (relative to the region)."""
+        size = os.fstat(self.fd).st_size
+        if size < self.offset + end:
+            raise self._shrunk(size, self.offset + end)
+
+    def _shrunk(self, size: int, needed: int) -> TritiumError:
+        return invalid(messages.SHM_SHRUNK.format(name=self.name, size=size, needed=needed))
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """``byte_size`` bytes at ``offset`` in a region, as one tensor's parameters named them;
+    holding it keeps the region's descriptor open."""
+
+    region: Region
+    offset: int
+    byte_size: int
+
+    def read(self) -> bytearray:
+        return self.region.read(self.offset, self.byte_size)
+
+    def write_output(self, output: str, data: bytes | memoryview) -> None:
+        """An output's bytes into the slice, refused when they do not fit."""
+        if len(data) > self.byte_size:
+            raise TritiumError(ErrorCode.INTERNAL, messages.SHM_OUTPUT_TOO_SMALL.format(
+                output=output, size=self.byte_size, needed=len(data)))
+        self.region.write(self.offset, data)
+
+
+class SharedMemoryRegistry:
+    """The regions clients registered, by name. Thread-safe: requests are decoded (and
+    responses encoded) on worker threads as well as on the event loop."""
+
+    def __init__(self, allow_client: bool = False, max_regions: int = MAX_REGIONS):
+        self.allow_client = allow_client  # --allow-client-shm: off by default, as in Triton
+        self.max_regions = max_regions
+        self._regions: dict[str, Region] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.allow_client and _posixshmem is not None
+
+    # -- registration --------------------------------------------------------------
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_allowed()
+        if not name:
+            raise invalid(messages.SHM_NEEDS_NAME)
+        _check_key(name, key)
+        with self._lock:
+            if name in self._regions:
+                raise TritiumError(ErrorCode.ALREADY_EXISTS,
+                                   messages.SHM_ALREADY_REGISTERED.format(name=name))
+            if len(self._regions) >= self.max_regions:
+                raise invalid(messages.SHM_TOO_MANY.format(name=name, limit=self.max_regions))
+            self._regions[name] = _open_region(name, key, offset, byte_size)
+
+    def unregister(self, name: str) -> None:
+        """Forget ``name`` (nothing to do when it is not registered, as in Triton)."""
+        self._check_allowed()
+        with self._lock:
+            self._regions.pop(name, None)
+
+    def unregister_all(self) -> None:
+        self._check_allowed()
+        self.close()
+
+    def close(self) -> None:
+        """Forget every region (server shutdown)."""
+        with self._lock:
+            self._regions.clear()
+
+    def status(self, name: str = "") -> list[RegionStatus]:
+        """Every region, or the one named (NOT_FOUND if it is not registered)."""
+        with self._lock:
+            if not name:
+                return [region.status() for region in self._regions.values()]
+            region = self._regions.get(name)
+        if region is None:
+            raise TritiumError(ErrorCode.NOT_FOUND,
+                               messages.SHM_UNKNOWN_STATUS.format(name=name))
+        return [region.status()]
+
+    # -- CUDA shared memory: this server has no GPU support -------------------------
+    def register_cuda(self, name: str) -> None:
+        self._check_allowed()
+        if not name:
+            raise invalid(messages.CUDA_SHM_NEEDS_NAME)
+        raise invalid(messages.CUDA_SHM_UNSUPPORTED.format(name=name))
+
+    def cuda_status(self, name: str = "") -> list[RegionStatus]:
+        if not name:
+            return []
+        with self._lock:
+            system = name in self._regions
+        text = messages.CUDA_SHM_IS_SYSTEM if system else messages.CUDA_SHM_UNKNOWN_STATUS
+        raise TritiumError(ErrorCode.NOT_FOUND, text.format(name=name))
+
+    def unregister_cuda(self, name: str = "") -> None:
+        self._check_allowed()  # and then there is no CUDA region to forget
+
+    # -- use by requests -----------------------------------------------------------
+    def slice(self, name: str, offset: int, byte_size: int) -> Slice:
+        """The part of region ``name`` a tensor's parameters point at, checked as Triton's
+        ``GetMemoryInfo`` checks it."""
+        with self._lock:
+            region = self._regions.get(name)
+        if region is None:
+            raise TritiumError(ErrorCode.NOT_FOUND,
+                               messages.SHM_UNKNOWN_REGION.format(name=name))
+        if offset < 0 or offset >= region.byte_size:
+            raise invalid(messages.SHM_BAD_OFFSET.format(name=name))
+        if byte_size < 0 or offset + byte_size > region.byte_size:
+            raise invalid(messages.SHM_BAD_RANGE.format(name=name))
+        return Slice(region, offset, byte_size)
+
+    def output_slice(self, name: str, offset: int, byte_size: int) -> Slice:
+        """As ``slice``, for an output: the region must be writable."""
+        found = self.slice(name, offset, byte_size)
+        if not found.region.writable:
+            raise invalid(messages.SHM_READ_ONLY.format(name=name))
+        return found
+
+    def _check_allowed(self) -> None:
+        if not self.enabled:
+            raise TritiumError(ErrorCode.UNSUPPORTED, messages.SHM_DISABLED)
+
+
+def extensions(base: tuple[str, ...], registry: SharedMemoryRegistry) -> tuple[str, ...]:
+    """The server's extensions, with system shared memory where Triton lists it (after
+    model_configuration) when clients may register regions."""
+    if not registry.enabled:
+        return base
+    at = base.index("model_configuration") + 1 if "model_configuration" in base else len(base)
+    return (*base[:at], EXTENSION, *base[at:])
+
+
+def _check_key(name: str, key: str) -> None:
+    stripped = key.lstrip("/")
+    if not stripped:
+        raise invalid(messages.SHM_INVALID_KEY.format(name=name, key=key))
+    if stripped.startswith(RESERVED_PREFIX):
+        raise invalid(messages.SHM_RESERVED_KEY.format(name=name, key=key,
+                                                       prefix=RESERVED_PREFIX))
+
+
+def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
+    fd, writable = _open(key)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise TritiumError(ErrorCode.INTERNAL, messages.SHM_NOT_A_REGION.format(key=key))
+        if offset < 0 or byte_size < 0 or offset + byte_size > info.st_size:
+            raise invalid(messages.SHM_OUT_OF_BOUNDS.format(name=name))
+        if byte_size == 0:
+            raise invalid(messages.SHM_EMPTY.format(name=name))
+    except BaseException:
+        os.close(fd)
+        raise
+    return Region(name, key, offset, byte_size, fd, writable)
+
+
+def _open(key: str) -> tuple[int, bool]:
+    """A descriptor on the object ``key``, read-write if the server may write it, else
+    read-only (such a region serves inputs only). shm_open refuses names with an inner
+    ``/`` and, in glibc, follows no symbolic link; O_NONBLOCK keeps a FIFO placed there
+    from blocking the open (it is then refused as not a regular file)."""
+    if "\x00" in key or _posixshmem is None:
+        raise TritiumError(ErrorCode.INTERNAL, messages.SHM_CANNOT_OPEN.format(key=key))
+    for flags, writable in ((os.O_RDWR, True), (os.O_RDONLY, False)):
+        try:
+            return _posixshmem.shm_open(key, flags | os.O_NONBLOCK, 0), writable
+        except PermissionError:
+            continue
+        except (OSError, ValueError):
+            break
+    raise TritiumError(ErrorCode.INTERNAL, messages.SHM_CANNOT_OPEN.format(key=key))
