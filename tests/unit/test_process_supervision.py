@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import io
 import json
 import os
@@ -11,14 +13,26 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from tritium.core.errors import TritiumError
+from tests.unit.admitted import admit
+from tritium.core.cancellation import CancelReason
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.request import AdmittedRequest, InferenceRequest
+from tritium.core.response import InferenceResponse
+from tritium.execution.backend import InstanceInfo
 from tritium.execution.process import environment
 from tritium.execution.process.restart import Backoff, RestartPolicy, describe_exit
+from tritium.execution.process.supervisor import (
+    KILL_AFTER_CANCEL,
+    SupervisedInstance,
+    kill_after_cancel_secs,
+)
 
 
 class FakeClock:
@@ -232,3 +246,234 @@ def test_the_bootstrap_runs_the_module_like_python_dash_m(tmp_path: Path) -> Non
     done = subprocess.run(env.command("probe_mod", ["one", "two"]), env=spawned,
                           capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout) == {"name": "__main__", "argv": ["one", "two"]}
+
+
+# -- the supervised slot -----------------------------------------------------------------
+def run_async(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+    return run
+
+
+class ScriptedProcess:
+    """Stands in for an instance process: the test decides when it answers and dies."""
+
+    pids = iter(range(1000, 2000))
+
+    def __init__(self, on_done: Any, fail_start: bool = False):
+        self.on_done = on_done
+        self.fail_start = fail_start
+        self.pid = next(self.pids)
+        self.returncode: int | None = None
+        self.batches: list[list[AdmittedRequest]] = []
+        self.stopped = False
+        self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def start(self) -> None:
+        if self.fail_start:
+            raise TritiumError(ErrorCode.INTERNAL, "initialize failed")
+
+    def submit(self, batch: list[AdmittedRequest]) -> None:
+        self.batches.append(batch)
+
+    def answer(self, batch: list[AdmittedRequest]) -> None:
+        self.on_done(self, batch, 1000, [])
+
+    def die(self, code: int) -> None:
+        self.returncode = code
+        self._exit.set_result(code)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.die(0)
+
+    async def wait_stopped(self) -> None:
+        await self._exit
+
+    def exited(self) -> asyncio.Future[int]:
+        return self._exit
+
+    def kill(self) -> None:
+        self.die(-signal.SIGKILL)
+
+
+class Slot:
+    """A SupervisedInstance over scripted processes, and what it reported."""
+
+    def __init__(self, kill_after: float | None = None, failing_starts: int = 0):
+        self.processes: list[ScriptedProcess] = []
+        self.done: list[tuple[list[AdmittedRequest], int]] = []
+        self._failing = failing_starts
+        info = InstanceInfo("m", 1, "/nowhere", "{}", "m_0", "CPU", 0)
+        policy = RestartPolicy(first_delay_s=0.01, factor=2, max_delay_s=0.05)
+        self.instance = SupervisedInstance(info, self._make, asyncio.get_running_loop(),
+                                           self._done, policy, kill_after)
+
+    def _make(self, on_done: Any) -> ScriptedProcess:
+        fail = len(self.processes) > 0 and self._failing > 0
+        if fail:
+            self._failing -= 1
+        process = ScriptedProcess(on_done, fail_start=fail)
+        self.processes.append(process)
+        return process
+
+    def _done(self, instance: Any, batch: list[AdmittedRequest], exec_ns: int,
+              woken: list[Any]) -> None:
+        assert instance is self.instance
+        self.done.append((batch, exec_ns))
+
+    async def wait_restarted(self, count: int) -> None:
+        async with asyncio.timeout(10):
+            # The slot offers no restart event (nothing but this test would use one).
+            while self.instance.restarts < count:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+
+
+def _request(loop: asyncio.AbstractEventLoop, name: str = "r") -> AdmittedRequest:
+    return admit(InferenceRequest(model_name="m", inputs={}, id=name), loop=loop)
+
+
+def _answer(request: AdmittedRequest) -> InferenceResponse:
+    items = request.stream._items
+    assert len(items) == 1, items
+    return items[0]
+
+
+@run_async
+async def test_a_dying_process_fails_its_batch_at_once_and_is_restarted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Triton answers the requests of a dead stub "Stub process '<instance>' is not
+    healthy." (INTERNAL); the slot is busy until a new process is up, then free again."""
+    loop = asyncio.get_running_loop()
+    slot = Slot()
+    await slot.instance.start()
+    assert slot.instance.ready
+    batch = [_request(loop, "a"), _request(loop, "b")]
+    slot.instance.submit(batch)
+    first = slot.processes[0]
+    first.die(-signal.SIGSEGV)
+    await asyncio.sleep(0.001)
+    assert not slot.instance.ready and slot.done == []  # busy: nothing reported yet
+    for request in batch:
+        answer = _answer(request)
+        assert answer.error is not None and answer.final
+        assert answer.error.code is ErrorCode.INTERNAL
+        assert answer.error.message == "Stub process 'm_0' is not healthy."
+    await slot.wait_restarted(1)
+    assert slot.instance.ready and slot.instance.pid == slot.processes[1].pid
+    assert slot.done == [(batch, -1)]  # the slot is back once the new process is up
+    assert "killed by signal SIGSEGV (11)" in caplog.text
+    assert "Stub process 'm_0' is unhealthy and it will be restarted" in caplog.text
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+
+
+@run_async
+async def test_answers_the_process_sent_before_dying_are_not_overwritten() -> None:
+    loop = asyncio.get_running_loop()
+    slot = Slot()
+    await slot.instance.start()
+    batch = [_request(loop)]
+    slot.instance.submit(batch)
+    process = slot.processes[0]
+    ok = InferenceResponse(outputs=[], final=True)
+    batch[0].stream.send_nowait(ok)
+    process.die(3)  # the process kind reports the batch done as it notices the death
+    process.answer(batch)
+    await slot.wait_restarted(1)
+    assert _answer(batch[0]) is ok
+    assert slot.done == [(batch, 1000)]
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+
+
+@run_async
+async def test_restarts_back_off_while_starts_fail_and_the_slot_recovers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    slot = Slot(failing_starts=2)
+    await slot.instance.start()
+    slot.processes[0].die(1)
+    await slot.wait_restarted(1)
+    assert [p.fail_start for p in slot.processes] == [False, True, True, False]
+    assert caplog.text.count("failed to restart: initialize failed") == 2
+    assert slot.instance.ready and slot.instance.restarts == 1
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+
+
+@run_async
+async def test_a_process_that_exits_while_stopping_is_not_restarted() -> None:
+    slot = Slot()
+    await slot.instance.start()
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+    assert slot.processes[0].stopped and len(slot.processes) == 1
+    assert slot.instance.restarts == 0
+
+
+@run_async
+async def test_stopping_while_restarting_reports_the_dead_batch_and_starts_nothing() -> None:
+    loop = asyncio.get_running_loop()
+    slot = Slot()
+    slot.instance._backoff.policy = RestartPolicy(first_delay_s=30)  # a long wait
+    await slot.instance.start()
+    batch = [_request(loop)]
+    slot.instance.submit(batch)
+    slot.processes[0].die(-signal.SIGKILL)
+    await asyncio.sleep(0.01)
+    slot.instance.stop()
+    async with asyncio.timeout(5):
+        await slot.instance.wait_stopped()
+    assert len(slot.processes) == 1 and slot.done == [(batch, -1)]
+
+
+@run_async
+async def test_a_cancelled_batch_that_does_not_return_in_its_grace_is_killed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.get_running_loop()
+    slot = Slot(kill_after=0.05)
+    await slot.instance.start()
+    batch = [_request(loop, "a"), _request(loop, "b")]
+    slot.instance.submit(batch)
+    process = slot.processes[0]
+    batch[0].cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+    await asyncio.sleep(0.15)
+    assert process.returncode is None  # one request still wants its answer: no kill
+    batch[1].cancellation.cancel(CancelReason.CLIENT_CANCELLED)
+    await slot.wait_restarted(1)
+    assert process.returncode == -signal.SIGKILL
+    assert "killed by tritium" in caplog.text and KILL_AFTER_CANCEL in caplog.text
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+
+
+@run_async
+async def test_a_cancelled_batch_that_returns_in_its_grace_is_not_killed() -> None:
+    loop = asyncio.get_running_loop()
+    slot = Slot(kill_after=0.05)
+    await slot.instance.start()
+    batch = [_request(loop)]
+    slot.instance.submit(batch)
+    batch[0].cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+    slot.processes[0].answer(batch)
+    await asyncio.sleep(0.15)
+    assert slot.processes[0].returncode is None and slot.instance.restarts == 0
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, None), ("2.5", 2.5), ("", None)])
+def test_the_kill_option_reads_seconds(value: str | None, expected: float | None) -> None:
+    config = model_config_pb2.ModelConfig(name="m")
+    if value is not None:
+        config.parameters[KILL_AFTER_CANCEL].string_value = value
+    assert kill_after_cancel_secs(config) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_the_kill_option_refuses_what_is_not_a_positive_number(value: str) -> None:
+    config = model_config_pb2.ModelConfig(name="m")
+    config.parameters[KILL_AFTER_CANCEL].string_value = value
+    with pytest.raises(TritiumError, match="greater than 0"):
+        kill_after_cancel_secs(config)

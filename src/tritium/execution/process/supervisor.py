@@ -1,0 +1,279 @@
+"""A supervised instance slot: one instance process at a time, restarted when it dies.
+
+The scheduler sees one ``SupervisedInstance`` (the ``ModelInstance`` interface) for the life
+of the model; behind it instance processes come and go. When one dies, however it died,
+the requests it was executing are answered at once with Triton's error (the process kind
+answers them; the supervisor sweeps up any it missed), the death is logged with its cause,
+and a new process starts after a backoff (``restart.Backoff``). While no process is up the
+slot stays busy, so the scheduler keeps requests queued (where cancellation and timeouts
+still reach them) or gives them to the model's other instances, and ``ready`` is False.
+
+Opt-in per model (``TRITIUM_KILL_AFTER_CANCEL_SECS``): when every request of a batch is
+cancelled and ``execute`` has still not returned that many seconds later, the process is
+killed and restarted, so the slot is freed and the work really stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from tritium.core.cancellation import Cancellation
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.request import AdmittedRequest
+from tritium.core.response import InferenceResponse, ResponseStream, wake_all
+from tritium.execution.backend import InstanceInfo
+from tritium.execution.process.restart import (
+    STUB_UNHEALTHY,
+    Backoff,
+    RestartPolicy,
+    describe_exit,
+)
+
+log = logging.getLogger("tritium.execution")
+
+KILL_AFTER_CANCEL = "TRITIUM_KILL_AFTER_CANCEL_SECS"
+
+
+class InstanceProcess(Protocol):
+    """What the supervisor needs of one instance process (``process.instance``)."""
+
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def returncode(self) -> int | None: ...
+    async def start(self) -> None: ...
+    def submit(self, batch: list[AdmittedRequest]) -> None: ...
+    def stop(self) -> None: ...
+    async def wait_stopped(self) -> None: ...
+    def exited(self) -> Awaitable[int]: ...
+    def kill(self) -> None: ...
+
+
+# (the process reporting, batch, execute nanoseconds or -1, streams to wake)
+ProcessDone = Callable[[Any, list[AdmittedRequest], int, list[ResponseStream]], None]
+ProcessFactory = Callable[[ProcessDone], InstanceProcess]
+SlotDone = Callable[[Any, list[AdmittedRequest], int, list[ResponseStream]], None]
+
+
+def kill_after_cancel_secs(config: Any) -> float | None:
+    """The model's ``TRITIUM_KILL_AFTER_CANCEL_SECS`` (seconds, > 0), or None when unset."""
+    parameter = config.parameters.get(KILL_AFTER_CANCEL) if config.parameters else None
+    if parameter is None or not parameter.string_value.strip():
+        return None
+    try:
+        seconds = float(parameter.string_value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise TritiumError(ErrorCode.INVALID_ARG, (
+            f"model '{config.name}': parameter {KILL_AFTER_CANCEL} must be a number of "
+            f"seconds greater than 0, got '{parameter.string_value}'"))
+    return seconds
+
+
+class _Flight:
+    """A batch handed to the current process and not reported done yet."""
+
+    __slots__ = ("batch", "follow", "timer")
+
+    def __init__(self, batch: list[AdmittedRequest]):
+        self.batch = batch
+        self.follow: Cancellation | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def disarm(self) -> None:
+        if self.follow is not None:
+            self.follow.detach()
+            self.follow = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+class SupervisedInstance:
+    def __init__(self, info: InstanceInfo, make_process: ProcessFactory,
+                 loop: asyncio.AbstractEventLoop, on_done: SlotDone,
+                 policy: RestartPolicy | None = None,
+                 kill_after_cancel_s: float | None = None):
+        self.info = info
+        self.name = info.instance_name
+        self.restarts = 0
+        self._make_process = make_process
+        self._loop = loop
+        self._on_done = on_done
+        self._backoff = Backoff(policy)
+        self._kill_after = kill_after_cancel_s
+        self._process: InstanceProcess | None = None
+        self._up = False
+        self._stopping = False
+        self._flights: dict[int, _Flight] = {}
+        # Dones of batches that died with a process: reported once a new one is up.
+        self._deferred: list[tuple[list[AdmittedRequest], int]] = []
+        self._kill_cause = ""
+        self._supervisor: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:
+        """A process is up and serving."""
+        return self._up
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    # -- the ModelInstance interface ---------------------------------------------
+    async def start(self) -> None:
+        """Start the first process; its failure fails the load, as a thread's would."""
+        self._process = await self._launch()
+        self._up = True
+        self._backoff.started()
+        self._supervisor = self._loop.create_task(self._supervise(),
+                                                  name=f"supervise-{self.name}")
+
+    def submit(self, batch: list[AdmittedRequest]) -> None:
+        process = self._process
+        if not self._up or process is None:
+            # Only a scheduler that ignored our busy slot gets here; answer, do not lose it.
+            self._fail([batch])
+            self._deferred.append((batch, -1))
+            return
+        flight = self._flights[id(batch)] = _Flight(batch)
+        if self._kill_after is not None:
+            self._arm(flight)
+        process.submit(batch)
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._up and self._process is not None:
+            self._process.stop()
+        self._report_deferred()
+
+    async def wait_stopped(self) -> None:
+        if self._supervisor is not None:
+            await asyncio.shield(self._supervisor)
+        if self._process is not None:
+            await self._process.wait_stopped()
+
+    # -- dones -------------------------------------------------------------------
+    def _process_done(self, process: Any, batch: list[AdmittedRequest], exec_ns: int,
+                      woken: list[ResponseStream]) -> None:
+        flight = self._flights.pop(id(batch), None)
+        if flight is None:
+            return  # swept up at its process's death already
+        flight.disarm()
+        if process is self._process and self._up:
+            self._on_done(self, batch, exec_ns, woken)
+            return
+        # Its process is dead: the answers go out now, the slot comes back once restarted.
+        wake_all(woken)
+        self._deferred.append((batch, exec_ns))
+
+    def _report_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for batch, exec_ns in deferred:
+            self._on_done(self, batch, exec_ns, [])
+
+    # -- life and death ------------------------------------------------------------
+    async def _launch(self) -> InstanceProcess:
+        process = self._make_process(self._process_done)
+        await process.start()
+        return process
+
+    async def _supervise(self) -> None:
+        while not self._stopping:
+            process = self._process
+            assert process is not None
+            code = await process.exited()
+            if self._stopping:
+                return
+            self._up = False
+            await asyncio.sleep(0)  # the process kind answers its in-flight batch first
+            self._sweep()
+            delay = self._backoff.died()
+            self._log_death(process, code, delay)
+            if not await self._restart(delay):
+                return
+
+    async def _restart(self, delay: float) -> bool:
+        """Start processes until one is up (True), or the slot is stopped (False)."""
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            if self._stopping:
+                return False
+            try:
+                process = await self._launch()
+            except Exception as exc:
+                delay = self._backoff.died()
+                log.error("instance %s of model '%s' version %d failed to restart: %s; "
+                          "retrying in %.2f s", self.name, self.info.model_name,
+                          self.info.model_version, exc, delay)
+                continue
+            if self._stopping:
+                process.stop()
+                self._process = process
+                return False
+            self._process, self._up = process, True
+            self.restarts += 1
+            self._backoff.started()
+            log.info("instance %s of model '%s' version %d restarted (pid %s, restart %d)",
+                     self.name, self.info.model_name, self.info.model_version, process.pid,
+                     self.restarts)
+            self._report_deferred()
+            return True
+        return False
+
+    def _sweep(self) -> None:
+        """Answer and set aside what the dead process left in flight."""
+        flights = list(self._flights.values())
+        self._flights.clear()
+        for flight in flights:
+            flight.disarm()
+        self._fail([flight.batch for flight in flights])
+        self._deferred.extend((flight.batch, -1) for flight in flights)
+
+    def _fail(self, batches: list[list[AdmittedRequest]]) -> None:
+        error = TritiumError(ErrorCode.INTERNAL, STUB_UNHEALTHY.format(instance=self.name))
+        for batch in batches:
+            for request in batch:
+                if not request.stream.closed:
+                    request.stream.close_with(InferenceResponse.failure(error))
+
+    def _log_death(self, process: InstanceProcess, code: int, delay: float) -> None:
+        cause, self._kill_cause = self._kill_cause, ""
+        # Triton's words for the same event (python_be.cc, before restarts were dropped).
+        log.error("Stub process '%s' is unhealthy and it will be restarted: process %s of "
+                  "model '%s' version %d %s%s; restarting in %.2f s", self.name, process.pid,
+                  self.info.model_name, self.info.model_version, describe_exit(code),
+                  f" ({cause})" if cause else "", delay)
+
+    # -- kill after a cancellation's grace period ------------------------------------
+    def _arm(self, flight: _Flight) -> None:
+        batch = flight.batch
+        follow = Cancellation.following(self._loop, [r.cancellation for r in batch])
+        flight.follow = follow
+        follow.add_callback(lambda _c: self._start_grace(flight))
+
+    def _start_grace(self, flight: _Flight) -> None:
+        if self._flights.get(id(flight.batch)) is not flight or self._kill_after is None:
+            return
+        flight.timer = self._loop.call_later(self._kill_after, self._kill_for, flight)
+
+    def _kill_for(self, flight: _Flight) -> None:
+        process = self._process
+        if self._flights.get(id(flight.batch)) is not flight or process is None:
+            return
+        self._kill_cause = (f"killed by tritium: execute() had not returned "
+                            f"{self._kill_after:g} s after its request(s) were cancelled, "
+                            f"{KILL_AFTER_CANCEL}")
+        log.warning("instance %s of model '%s': cancelled request(s) still executing after "
+                    "%g s (%s); killing process %s", self.name, self.info.model_name,
+                    self._kill_after, KILL_AFTER_CANCEL, process.pid)
+        process.kill()
