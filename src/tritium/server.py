@@ -16,6 +16,8 @@ from tritium.core import offload
 from tritium.core.descriptors import default_connection_cap
 from tritium.core.header_forward import header_forward
 from tritium.core.service import InferenceService
+from tritium.ensemble.handle import EnsembleModel
+from tritium.ensemble.plan import EnsemblePlan
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.frontends.grpc import restricted as grpc_restricted
@@ -95,9 +97,14 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop
         assert service is not None
         return create_python_backend(info, model_config, service)
 
+    def create_ensemble(plan: EnsemblePlan, model_config: Any, version: int) -> EnsembleModel:
+        assert service is not None
+        return EnsembleModel(plan, model_config, service, version)
+
     manager = ModelManager(
         list(config.model_repositories), loop, create_backend, auto_complete_config,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
+        create_ensemble=create_ensemble,
     )
     service = InferenceService(manager, loop)
     service.update_log_settings({"log_verbose_level": max(config.log_verbose, 0)})

@@ -402,20 +402,8 @@ def version_not_loaded(ensemble: str, model: str, version: int) -> EnsembleConfi
     )
 
 
-def find_cycle(start: str, composing: Mapping[str, Sequence[str]]) -> EnsembleConfigError | None:
-    """The error for a chain of ensembles that leads back to ``start`` (``composing``: each
-    ensemble's composing model names), or None."""
-    seen: set[str] = set()
-    stack = [start]
-    while stack:
-        current = stack.pop()
-        for upstream in composing.get(current, ()):
-            if upstream == start:
-                return EnsembleConfigError(
-                    f"circular dependency between ensembles: {start} -> ... -> {current} -> "
-                    f"{start}"
-                )
-            if upstream not in seen:
-                seen.add(upstream)
-                stack.append(upstream)
-    return None
+def circular_dependency(start: str, current: str) -> EnsembleConfigError:
+    """``start`` is reached again from ``current``, one of the ensembles it (indirectly)
+    composes."""
+    return EnsembleConfigError(
+        f"circular dependency between ensembles: {start} -> ... -> {current} -> {start}")

@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.model import IndexEntry, ModelState
+from tritium.core.model import IndexEntry, ModelHandle, ModelState
 from tritium.core.names import check_model_name
+from tritium.ensemble.plan import EnsemblePlan
+from tritium.ensemble.validation import is_ensemble
 from tritium.repository.config import (
     AutoComplete,
     PreparedConfig,
@@ -30,6 +32,7 @@ from tritium.repository.config import (
     prepare_model_config,
     read_model_config,
 )
+from tritium.repository.dependencies import DependencyRules
 from tritium.repository.loaded import BackendFactory, LoadedModel
 from tritium.repository.locks import NameLocks
 from tritium.repository.overrides import LoadOverrides, OverrideDir, parse_overrides
@@ -57,11 +60,30 @@ class ControlMode(enum.Enum):
     POLL = "poll"
 
 
+class ServedVersion(ModelHandle, Protocol):
+    """What a version slot holds: a ``LoadedModel``, or an ensemble's handle."""
+
+    load_seconds: float
+
+    async def start(self, loop: asyncio.AbstractEventLoop, create_backend: BackendFactory
+                    ) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def in_flight(self) -> int: ...
+
+    async def drain(self, timeout_s: float) -> int: ...
+
+
+# Builds an ensemble version's handle from its plan, its completed config and its version.
+EnsembleFactory = Callable[[EnsemblePlan, Any, int], ServedVersion]
+
+
 @dataclass(slots=True)
 class VersionEntry:
     state: ModelState
     reason: str = ""
-    model: LoadedModel | None = None
+    model: ServedVersion | None = None
 
 
 @dataclass(slots=True)
@@ -76,9 +98,25 @@ class ModelEntry:
     # The private model directory a load with file overrides wrote; removed with the
     # versions that run from it.
     override_dir: OverrideDir | None = None
+    # An ensemble's composing models, from the config last installed or tried.
+    composing: tuple[str, ...] = ()
+    # Loaded on request (or at startup), not only as an ensemble's composing model:
+    # unloading that ensemble with unload_dependents leaves it loaded.
+    explicit: bool = True
+    # When its versions were last swapped in (a counter): an ensemble older than one of
+    # its composing models is checked against it again.
+    installed_at: int = 0
+    # An ensemble: the counter when it was last checked against its composing models.
+    checked_at: int = 0
+    # An ensemble taken out because a composing model left; it returns with the model.
+    awaiting: bool = False
+    # An ensemble's config as installed (before its composing models were checked), and
+    # its versions: what a re-check after a composing model's reload starts from.
+    ensemble_config: Any = None
+    ensemble_versions: tuple[int, ...] = ()
 
 
-class ModelManager:
+class ModelManager(DependencyRules):
     """Implements ``tritium.core.model.ModelRepository``."""
 
     def __init__(
@@ -89,6 +127,7 @@ class ModelManager:
         auto_complete: AutoComplete | None,
         control_mode: ControlMode = ControlMode.NONE,
         unload_timeout_s: float = 30.0,
+        create_ensemble: EnsembleFactory | None = None,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -101,6 +140,8 @@ class ModelManager:
         self._locks = NameLocks()
         # Tasks draining and stopping versions taken out of service; shutdown awaits them.
         self._retiring: set[asyncio.Task[None]] = set()
+        self.create_ensemble = create_ensemble
+        self._installs = 0  # counts swaps, for ModelEntry.installed_at
 
     # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
@@ -116,7 +157,15 @@ class ModelManager:
                     self.models[name] = ModelEntry(name, None, reason="model not found")
             for name in found.keys() - set(wanted):
                 self.models[name] = ModelEntry(name, found[name], reason=UNLOADED)
-        await asyncio.gather(*(self._install(name, found[name]) for name in wanted))
+        # Plain models first, all at once; then each ensemble, which loads or checks its
+        # composing models (nested ensembles first) before itself.
+        ensembles = await asyncio.to_thread(_declared_ensembles, found, wanted)
+        await asyncio.gather(*(self._install(name, found[name])
+                               for name in wanted if name not in ensembles))
+        for name in sorted(ensembles):
+            if self._attempted(name, found[name]):
+                continue  # already loaded as a composing model of another ensemble
+            await self._install(name, found[name])
 
     # -- load, reload, unload ------------------------------------------------------
     async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
@@ -129,14 +178,20 @@ class ModelManager:
         check_model_name(name)
         # Decoding megabytes of base64 and JSON is kept off the loop.
         overrides = await asyncio.to_thread(parse_overrides, name, parameters)
-        async with self._locks.hold(name):
-            holder = await self._write_overrides(name, overrides)
-            model_dir = holder.model_dir if holder is not None else self._repository_dir(name)
-            try:
-                await self._install(name, model_dir, overrides, holder, _OnFailure.RAISE)
-            finally:
-                if holder is not None and not self._holds(name, holder):
-                    holder.remove()
+        try:
+            async with self._locks.hold(name):
+                holder = await self._write_overrides(name, overrides)
+                model_dir = (holder.model_dir if holder is not None
+                             else self._repository_dir(name))
+                try:
+                    await self._install(name, model_dir, overrides, holder, _OnFailure.RAISE)
+                finally:
+                    if name in self.models:
+                        self.models[name].explicit = True
+                    if holder is not None and not self._holds(name, holder):
+                        holder.remove()
+        finally:
+            await self._settle()
 
     async def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
         """Take ``name`` out of service at once; its admitted requests drain meanwhile."""
@@ -144,6 +199,11 @@ class ModelManager:
         check_model_name(name)
         async with self._locks.hold(name):
             self._retire_entry(name)
+        # Triton's name for it: the models this one depends on (an ensemble's composing
+        # models) are unloaded too, unless loaded on their own or used by another.
+        if parameters.get("unload_dependents") is True:
+            await self._unload_composing(name)
+        await self._settle()
 
     async def sync_with_repository(self) -> None:
         """Poll mode: load added models, unload removed ones, reload changed ones."""
@@ -163,6 +223,7 @@ class ModelManager:
         for name, reason in broken.items():
             if not self._serving(name):
                 self.models[name] = ModelEntry(name, None, reason=reason)
+        await self._settle()
 
     def _check_explicit(self) -> None:
         if self.control_mode is not ControlMode.EXPLICIT:
@@ -212,6 +273,7 @@ class ModelManager:
         overrides: LoadOverrides | None = None,
         holder: OverrideDir | None = None,
         on_failure: _OnFailure = _OnFailure.RECORD,
+        chain: tuple[str, ...] = (),
     ) -> None:
         """Start every version ``model_dir`` selects, then swap them in all at once.
 
@@ -238,9 +300,16 @@ class ModelManager:
         except TritiumError as exc:
             self._install_failed(entry, holder, stamp, exc.message, on_failure)
             return
+        if is_ensemble(config):
+            entry.ensemble_config, entry.ensemble_versions = config, tuple(versions)
+            try:
+                config = await self._prepare_ensemble(entry, config, chain)
+            except TritiumError as exc:
+                self._install_failed(entry, holder, stamp, exc.message, on_failure)
+                return
         started = await self._start_versions(entry, model_dir, versions, config)
         failures = {v: r for v, r in started.items() if isinstance(r, str)}
-        models = {v: r for v, r in started.items() if isinstance(r, LoadedModel)}
+        models = {v: r for v, r in started.items() if not isinstance(r, str)}
         if failures and self._serving(name):
             for model in models.values():
                 await self._stop(model)
@@ -263,7 +332,7 @@ class ModelManager:
         return read_model_config(model_dir, self.auto_complete is not None)
 
     async def _start_versions(self, entry: ModelEntry, model_dir: Path, versions: list[int],
-                              config: Any) -> dict[int, LoadedModel | str]:
+                              config: Any) -> dict[int, ServedVersion | str]:
         for version in versions:
             if version not in entry.versions or entry.versions[version].model is None:
                 entry.versions[version] = VersionEntry(ModelState.LOADING)
@@ -272,9 +341,9 @@ class ModelManager:
         return dict(zip(versions, results, strict=True))
 
     async def _start_version(self, name: str, model_dir: Path, version: int, config: Any
-                             ) -> LoadedModel | str:
+                             ) -> ServedVersion | str:
         try:
-            model = LoadedModel(model_dir, version, config)
+            model = self._new_version(model_dir, version, config)
             await model.start(self.loop, self.create_backend)
         except Exception as exc:
             reason = _reason(exc)
@@ -282,12 +351,24 @@ class ModelManager:
             return reason
         return model
 
-    def _swap(self, entry: ModelEntry, model_dir: Path, models: dict[int, LoadedModel],
+    def _new_version(self, model_dir: Path, version: int, config: Any) -> ServedVersion:
+        if not is_ensemble(config):
+            return LoadedModel(model_dir, version, config)
+        if self.create_ensemble is None:
+            raise TritiumError(ErrorCode.UNSUPPORTED, "ensembles are not available here")
+        return self.create_ensemble(EnsemblePlan.from_config(config), config, version)
+
+    def _swap(self, entry: ModelEntry, model_dir: Path, models: dict[int, ServedVersion],
               failures: dict[int, str], holder: OverrideDir | None) -> None:
         # Only versions that run keep the directory they run from.
         old_holder, entry.override_dir = entry.override_dir, holder if models else None
+        if old_holder is holder:
+            old_holder = None  # re-installed from the directory it already runs from
         entry.model_dir, entry.reason = model_dir, ""
-        retired: list[tuple[LoadedModel, VersionEntry | None]] = []
+        if models:
+            self._installs += 1
+            entry.installed_at, entry.awaiting = self._installs, False
+        retired: list[tuple[ServedVersion, VersionEntry | None]] = []
         for version, slot in list(entry.versions.items()):
             if version in models or version in failures:
                 continue
@@ -335,7 +416,8 @@ class ModelManager:
         entry = self.models.get(name)
         if entry is None:
             return
-        retired: list[tuple[LoadedModel, VersionEntry | None]] = []
+        retired: list[tuple[ServedVersion, VersionEntry | None]] = []
+        entry.awaiting = False
         for version, slot in entry.versions.items():
             if slot.model is not None and slot.state is ModelState.READY:
                 slot.state, slot.reason = ModelState.UNLOADING, ""
@@ -350,7 +432,7 @@ class ModelManager:
         entry.fingerprint = ()
         self._retire(retired, holder)
 
-    def _retire(self, retired: list[tuple[LoadedModel, VersionEntry | None]],
+    def _retire(self, retired: list[tuple[ServedVersion, VersionEntry | None]],
                 holder: OverrideDir | None) -> None:
         """Drain and stop ``retired`` in the background, then remove ``holder``."""
         if not retired and holder is None:
@@ -359,13 +441,13 @@ class ModelManager:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def _drain_and_stop(self, retired: list[tuple[LoadedModel, VersionEntry | None]],
+    async def _drain_and_stop(self, retired: list[tuple[ServedVersion, VersionEntry | None]],
                               holder: OverrideDir | None) -> None:
         await asyncio.gather(*(self._drain_one(model, slot) for model, slot in retired))
         if holder is not None:
             await asyncio.to_thread(holder.remove)
 
-    async def _drain_one(self, model: LoadedModel, slot: VersionEntry | None) -> None:
+    async def _drain_one(self, model: ServedVersion, slot: VersionEntry | None) -> None:
         cancelled = await model.drain(self.unload_timeout_s)
         await self._stop(model)
         if slot is not None and slot.model is model:
@@ -373,7 +455,7 @@ class ModelManager:
         log.info("model '%s' version %d unloaded (%d request(s) cancelled)",
                  model.name, model.version, cancelled)
 
-    async def _stop(self, model: LoadedModel) -> None:
+    async def _stop(self, model: ServedVersion) -> None:
         try:
             async with asyncio.timeout(FINALIZE_TIMEOUT_S):
                 await model.stop()
@@ -396,11 +478,11 @@ class ModelManager:
             if entry.override_dir is not None:
                 entry.override_dir.remove()
 
-    def loaded_models(self) -> list[LoadedModel]:
+    def loaded_models(self) -> list[ServedVersion]:
         return [v.model for e in self.models.values() for v in e.versions.values() if v.model]
 
     # -- ModelRepository -----------------------------------------------------------
-    def resolve(self, name: str, version: int | None) -> LoadedModel:
+    def resolve(self, name: str, version: int | None) -> ServedVersion:
         entry = self.models.get(name)
         if entry is None:
             check_model_name(name)  # only here: a name that resolves needs no check
@@ -457,6 +539,20 @@ class ModelManager:
                 if slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED:
                     return False
         return True
+
+
+def _declared_ensembles(found: Mapping[str, Path], names: list[str]) -> set[str]:
+    """Which of ``names`` are ensembles, by their config files (one that cannot be read
+    counts as a plain model: its own load reports why)."""
+    ensembles = set()
+    for name in names:
+        try:
+            config = read_model_config(found[name], auto_completing=True).config
+        except TritiumError:
+            continue
+        if is_ensemble(config):
+            ensembles.add(name)
+    return ensembles
 
 
 def _reason(exc: BaseException) -> str:

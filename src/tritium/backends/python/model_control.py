@@ -44,8 +44,9 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     if not isinstance(unload_dependents, bool):
         raise TypeError("unload_dependents must be a bool")
     service = _service(_UNLOAD_FAILED)
-    # A model has no dependents here (no ensembles), so the flag changes nothing.
-    _wait(service, service.unload_model(name, {}), _UNLOAD_FAILED)
+    # Triton's "dependents" of an ensemble are its composing models loaded only for it.
+    parameters = {"unload_dependents": True} if unload_dependents else {}
+    _wait(service, service.unload_model(name, parameters), _UNLOAD_FAILED)
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
