@@ -21,6 +21,8 @@ from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.instance import ModelInstance
+from tritium.execution.process.choice import make_instance
+from tritium.execution.process.instance import ProcessInstance
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.repository.validation import ConfigError
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
@@ -57,7 +59,7 @@ class LoadedModel:
         self.labels: dict[str, list[str]] = _read_labels(model_dir, config)
         self.served_by = ServedBy(self.name, version, self.max_batch_size > 0, self.labels)
         self.scheduler = _scheduler(self.name, version, config, self.decoupled)
-        self.instances: list[ModelInstance] = []
+        self.instances: list[ModelInstance | ProcessInstance] = []
         self.load_seconds = 0.0
         # Admitted requests whose final response has not been sent: what an unload waits
         # for. (The service's own set holds them too: a shutdown asks about every model.)
@@ -88,15 +90,11 @@ class LoadedModel:
         """Start every instance (``initialize`` runs on each instance's thread)."""
         started = time.monotonic()
         config_text = json.dumps(self.config_json)
-        for info in self._instance_infos(config_text):
-            instance = ModelInstance(
-                info,
-                lambda i: create_backend(i, self.config),
-                loop,
-                self.scheduler.batch_done,
-            )
-            self.instances.append(instance)
         try:
+            for info in self._instance_infos(config_text):
+                self.instances.append(make_instance(
+                    info, self.config, loop, self.scheduler.batch_done,
+                    lambda i: create_backend(i, self.config)))
             await asyncio.gather(*(instance.start() for instance in self.instances))
         except BaseException:
             await self.stop()

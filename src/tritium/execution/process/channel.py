@@ -20,8 +20,11 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from tritium.core.cancellation import Cancellation
+from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.process.shm import EMPTY, ArenaReader, ArenaWriter, Packed
 
+FDS_ENV = "TRITIUM_PROCESS_FDS"  # the child's descriptors: socket, arena in, arena out, flags
+GONE = 0  # handed to the child's ``on_frame`` when the server's end closes
 # Frame kinds, server -> child.
 INIT, EXECUTE, STOP, REPLY, REPLY_ERROR = 1, 2, 3, 4, 5
 # Frame kinds, child -> server.
@@ -35,6 +38,27 @@ _READ_SIZE = 1 << 18
 def encode(frame: Frame) -> bytes:
     body = pickle.dumps(frame, protocol=5)
     return _LENGTH.pack(len(body)) + body
+
+
+def encode_error(exc: BaseException) -> object:
+    """An exception as it can cross: TritiumError by its code, others pickled if they
+    survive it, else as their text."""
+    if isinstance(exc, TritiumError):
+        return ("tritium", exc.code.name, exc.message)
+    try:
+        if type(pickle.loads(pickle.dumps(exc))) is type(exc):
+            return exc
+    except Exception:
+        pass
+    return ("text", f"{type(exc).__name__}: {exc}")
+
+
+def decode_error(value: object) -> BaseException:
+    if isinstance(value, BaseException):
+        return value
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == "tritium":
+        return TritiumError(ErrorCode[value[1]], value[2])
+    return CallFailed(str(value[1]) if isinstance(value, tuple) else str(value))
 
 
 class FrameReader:
@@ -351,7 +375,7 @@ class ChildLink:
             data = self._sock.recv(_READ_SIZE)
         except OSError:
             data = b""
-        frames = self._frames.feed(data) if data else [(STOP,)]
+        frames = self._frames.feed(data) if data else [(GONE,)]
         # Dispatched under the condition (``on_frame`` only queues), so that a thread woken
         # by notify_all finds what it waits for instead of blocking in recv.
         with self.condition:
@@ -374,8 +398,7 @@ class ChildLink:
             return
         if frame[0] == REPLY_ERROR:
             del self._calls[frame[1]]
-            call._deliver(frame[2] if isinstance(frame[2], BaseException)
-                          else CallFailed(str(frame[2])))
+            call._deliver(decode_error(frame[2]))
             return
         _, call_id, payload, packed, final = frame
         assert self.reader is not None

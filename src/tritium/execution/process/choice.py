@@ -1,0 +1,55 @@
+"""Which kind of instance a model gets: a thread of the server, or a process of its own.
+
+The server flag ``--python-instance-kind`` sets the default (``configure``); a model's
+config parameter ``TRITIUM_INSTANCE_KIND`` (``process`` or ``thread``) wins over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.execution.backend import InstanceInfo, ModelBackend
+from tritium.execution.instance import DoneCallback, ModelInstance
+from tritium.execution.process.instance import ProcessInstance
+
+KIND_PARAMETER = "TRITIUM_INSTANCE_KIND"
+KINDS = ("thread", "process")
+
+_default_kind = "thread"
+_service: Any = None  # the server's InferenceService, for calls from instance processes
+
+
+def configure(default_kind: str, service: Any) -> None:
+    """Set by the server once at startup (one server per process, as scope.py assumes)."""
+    global _default_kind, _service
+    if default_kind not in KINDS:
+        raise ValueError(f"instance kind must be one of {', '.join(KINDS)}: {default_kind!r}")
+    _default_kind = default_kind
+    _service = service
+
+
+def kind_for(config: Any) -> str:
+    """The model's own choice if its config makes one, else the server's default."""
+    parameter = config.parameters.get(KIND_PARAMETER) if config.parameters else None
+    if parameter is None:
+        return _default_kind
+    value = parameter.string_value.strip().lower()
+    if value not in KINDS:
+        raise TritiumError(
+            ErrorCode.INVALID_ARG,
+            f"model '{config.name}': parameter {KIND_PARAMETER} must be one of "
+            f"{', '.join(KINDS)}, not '{parameter.string_value}'")
+    return value
+
+
+def make_instance(info: InstanceInfo, config: Any, loop: asyncio.AbstractEventLoop,
+                  on_done: Callable[..., None],
+                  create_backend: Callable[[InstanceInfo], ModelBackend]
+                  ) -> ModelInstance | ProcessInstance:
+    if kind_for(config) == "process":
+        return ProcessInstance(info, config, loop, on_done, _service)
+    done: DoneCallback = on_done
+    return ModelInstance(info, create_backend, loop, done)

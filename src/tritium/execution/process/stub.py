@@ -1,0 +1,324 @@
+"""An instance process's main: ``python -m tritium.execution.process.stub``.
+
+Receives INIT (the instance and its config), loads model.py with the python backend's own
+loader, and serves EXECUTE frames until STOP. The backend runs unchanged: it is handed
+requests shaped as the core's (``request``, ``cancellation``, ``stream``) whose cancel
+state is a byte of shared memory and whose stream sends over the channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+from tritium.core import response as core_response
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.request import InferenceRequest, RequestedOutput
+from tritium.core.response import InferenceResponse, StreamClosedError
+from tritium.core.types import Tensor
+from tritium.execution.backend import InstanceInfo
+from tritium.execution.process import channel as ch
+from tritium.execution.process.channel import ChildLink, Frame
+from tritium.execution.process.flags import FlagView, SlotCancellation
+from tritium.execution.process.shm import ArenaReader, ArenaWriter, Mapping, Packed
+
+log = logging.getLogger("tritium.execution.process")
+
+
+class ChildStream:
+    """The send half of a request's stream, in the child: sends go over the channel.
+
+    What ``backend.execute`` delivers after the model's ``execute`` returned waits for the
+    DONE frame (one frame per batch); what the model sends itself leaves at once. Once the
+    request is cancelled, nothing but its final flag is sent: the server drops the rest.
+    """
+
+    __slots__ = ("_cancellation", "_server", "closed", "slot")
+
+    def __init__(self, server: InstanceServer, slot: int, cancellation: SlotCancellation):
+        self._server = server
+        self.slot = slot
+        self._cancellation = cancellation
+        self.closed = False
+
+    def send_nowait(self, response: InferenceResponse) -> None:
+        if self.closed:
+            raise StreamClosedError()
+        final = response.final
+        if final:
+            self.closed = True
+        if self._cancellation.is_cancelled():
+            if not final:
+                return
+            response = InferenceResponse.final_flag()
+        self._server.send_response(self.slot, response)
+
+
+class ChildRequest:
+    """What the python backend reads of an admitted request."""
+
+    __slots__ = ("cancellation", "request", "slot", "stream")
+
+    def __init__(self, request: InferenceRequest, cancellation: SlotCancellation,
+                 stream: ChildStream, slot: int) -> None:
+        self.request = request
+        self.cancellation = cancellation
+        self.stream = stream
+        self.slot = slot
+
+    def describe(self) -> str:
+        return self.request.describe()
+
+
+class InstanceServer:
+    """Runs the batches the server sends through one backend."""
+
+    def __init__(self, link: ChildLink, backend: Any, flags: FlagView) -> None:
+        self._link = link
+        self._backend = backend
+        self._flags = flags
+        self._writer: ArenaWriter = link.writer  # type: ignore[assignment]
+        self._reader: ArenaReader = link.reader  # type: ignore[assignment]
+        self._inbox: collections.deque[Frame] = collections.deque()
+        self._deferred: list[tuple[int, tuple[Any, ...]]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- responses -----------------------------------------------------------
+    def send_response(self, slot: int, response: InferenceResponse) -> None:
+        packed = self.pack_response(response)
+        if getattr(core_response._thread_state, "deferred", None) is not None:
+            self._deferred.append((slot, packed))
+        else:
+            self._link.send((ch.RESPONSES, [(slot, packed)]))
+
+    def pack_response(self, response: InferenceResponse) -> tuple[Any, ...]:
+        error = response.error
+        if response.flag_only:
+            return True, True, None, None, None
+        if error is not None:
+            return response.final, False, (error.code.name, error.message), None, None
+        tensors: Packed = self._writer.pack(response.outputs)
+        return response.final, False, None, response.parameters, tensors
+
+    # -- batches -------------------------------------------------------------
+    def requests(self, descs: list[Any], packed: Packed) -> list[ChildRequest]:
+        tensors = self._reader.unpack(packed)
+        requests: list[ChildRequest] = []
+        at = 0
+        for (slot, rid, correlation, flags, timeout, parameters, outputs, model,
+             count) in descs:
+            inputs: dict[str, Tensor] = {t.name: t for t in tensors[at:at + count]}
+            at += count
+            core = InferenceRequest(
+                model_name=model, inputs=inputs, id=rid, parameters=parameters,
+                requested_outputs=None if outputs is None
+                else [RequestedOutput(name) for name in outputs],
+                correlation_id=correlation, flags=flags, timeout_us=timeout)
+            cancellation = self._flags.cancellation(slot)
+            requests.append(ChildRequest(core, cancellation,
+                                         ChildStream(self, slot, cancellation), slot))
+        return requests
+
+    def serve(self) -> None:
+        """Synchronous models: this thread reads the socket between batches."""
+        self._link.on_frame = self._inbox.append
+        inbox = self._inbox
+        while True:
+            try:
+                self._link.wait_until(lambda: bool(inbox))
+            except EOFError:
+                self._server_gone()
+            frame = inbox.popleft()
+            kind = frame[0]
+            if kind == ch.EXECUTE:
+                self._execute(frame[1], self.requests(frame[2], frame[3]))
+            elif kind == ch.STOP:
+                return
+            elif kind == ch.GONE:
+                self._server_gone()
+
+    def _execute(self, batch_id: int, requests: list[ChildRequest]) -> None:
+        started = time.monotonic_ns()
+        with core_response.DeferredWakes():
+            try:
+                self._backend.execute(requests)
+            except BaseException as exc:  # the backend never raises; belt and braces
+                self._fail(requests, exc)
+        elapsed = time.monotonic_ns() - started
+        deferred, self._deferred = self._deferred, []
+        self._link.send((ch.DONE, batch_id, elapsed, deferred))
+
+    def _fail(self, requests: list[ChildRequest], exc: BaseException) -> None:
+        model = requests[0].request.model_name if requests else "?"
+        error = TritiumError(ErrorCode.INTERNAL,
+                             f"Failed to process the request(s) for model '{model}', "
+                             f"message: {exc}")
+        for request in requests:
+            if not request.stream.closed:
+                request.stream.send_nowait(InferenceResponse.failure(error))
+
+    # -- async def execute ---------------------------------------------------
+    def serve_async(self) -> None:
+        """``async def execute``: this thread runs the model's loop, a thread reads."""
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+
+        def on_frame(frame: Frame) -> None:
+            loop.call_soon_threadsafe(self._on_async, frame)
+
+        self._link.on_frame = on_frame
+        reader = _thread(self._link.serve_forever, "tritium-link-reader")
+        reader.start()
+        try:
+            loop.run_forever()
+            pending = asyncio.all_tasks(loop)
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=5))
+        finally:
+            loop.close()
+
+    def _on_async(self, frame: Frame) -> None:
+        kind = frame[0]
+        if kind == ch.EXECUTE:
+            self._start_async(frame[1], self.requests(frame[2], frame[3]))
+        elif kind == ch.STOP:
+            assert self._loop is not None
+            self._loop.stop()
+        elif kind == ch.GONE:
+            self._server_gone()
+
+    def _start_async(self, batch_id: int, requests: list[ChildRequest]) -> None:
+        started = time.monotonic_ns()
+        result: Awaitable[None] | None = None
+        try:
+            result = self._backend.execute(requests)
+        except BaseException as exc:
+            self._fail(requests, exc)
+        if result is None or not inspect.isawaitable(result):
+            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, []))
+            return
+        task = asyncio.ensure_future(result)
+        if self._backend.decoupled:
+            # Decoupled coroutines overlap: the instance takes the next batch at once.
+            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, []))
+            task.add_done_callback(lambda t: self._task_error(t, requests))
+        else:
+            task.add_done_callback(lambda t: self._async_done(t, batch_id, requests, started))
+
+    def _async_done(self, task: asyncio.Future[None], batch_id: int,
+                    requests: list[ChildRequest], started: int) -> None:
+        self._task_error(task, requests)
+        self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, []))
+
+    def _task_error(self, task: asyncio.Future[None], requests: list[ChildRequest]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("execute() failed: %s", exc)
+            self._fail(requests, exc)
+
+    @staticmethod
+    def _server_gone() -> None:
+        from tritium.execution.process import death
+
+        death.parent_gone()
+
+
+def _thread(target: Any, name: str) -> Any:
+    import threading
+
+    return threading.Thread(target=target, name=name, daemon=True)
+
+
+# -- main --------------------------------------------------------------------------
+def _first_frame(link: ChildLink) -> Frame:
+    frames: list[Frame] = []
+    link.on_frame = frames.append
+    link.wait_until(lambda: bool(frames))
+    return frames[0]
+
+
+def _install_bridge(link: ChildLink) -> None:
+    """Child-side proxies of server calls (BLS, metrics, Logger: calls.py), if present."""
+    try:
+        from tritium.execution.process import calls
+    except ImportError:
+        return
+    install = getattr(calls, "install_child", None)
+    if install is not None:
+        install(link)
+
+
+def _load(link: ChildLink, info: InstanceInfo, config: Any) -> Any:
+    from tritium.backends.python.errors import describe_exception
+    from tritium.backends.python.loader import create_python_backend
+
+    try:
+        # No server in this process: calls.py routes BLS and friends over the link.
+        return create_python_backend(info, config, None)  # type: ignore[arg-type]
+    except TritiumError as exc:
+        link.send((ch.INIT_FAILED, exc.code.name, exc.message))
+    except BaseException as exc:
+        link.send((ch.INIT_FAILED, ErrorCode.INTERNAL.name, describe_exception(exc)))
+    return None
+
+
+def main() -> int:
+    fds = [int(fd) for fd in os.environ.pop(ch.FDS_ENV).split(",")]
+    sock_fd, down_fd, up_fd, flags_fd = fds
+    link = ChildLink(socket.socket(fileno=sock_fd))
+    ch.set_child_link(link)
+    try:
+        _, fields, config_bytes, capacity, ring_bytes, slots = _first_frame(link)
+    except EOFError:
+        return 1
+    info = InstanceInfo(**fields)
+    version_dir = os.path.join(info.model_repository, str(info.model_version))
+    from tritium.execution.process import death
+
+    link.writer = ArenaWriter(Mapping(up_fd, capacity), ring_bytes)
+    link.reader = ArenaReader(Mapping(down_fd, capacity))
+    flags = FlagView(flags_fd, slots)
+    for fd in (up_fd, down_fd, flags_fd):
+        os.close(fd)  # mapped: the mappings stay, and forks of the model inherit nothing
+    death.become_instance_process(version_dir, info.model_repository, [sock_fd])
+    link.parent_slots = _parent_slots
+    from tritonclient.grpc import model_config_pb2
+
+    config = model_config_pb2.ModelConfig()
+    config.ParseFromString(config_bytes)
+    _install_bridge(link)
+    backend = _load(link, info, config)
+    if backend is None:
+        return 0
+    server = InstanceServer(link, backend, flags)
+    link.send((ch.READY, backend.decoupled, backend.is_async))
+    if backend.is_async:
+        server.serve_async()
+    else:
+        server.serve()
+    backend.finalize()
+    link.send((ch.STOPPED,))
+    return 0
+
+
+def _parent_slots() -> list[int]:
+    """The slots of the requests the calling code is executing (BLS parents)."""
+    from tritium.backends.python import scope
+
+    return [getattr(request, "slot", -1) for request in scope.current_parents()]
+
+
+if __name__ == "__main__":
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(main())
