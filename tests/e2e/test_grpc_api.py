@@ -141,15 +141,17 @@ def test_model_statistics(client: grpcclient.InferenceServerClient) -> None:
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
 
 
-def test_shared_memory_is_refused(client: grpcclient.InferenceServerClient) -> None:
-    for call in (client.get_system_shared_memory_status,
-                 lambda: client.register_system_shared_memory("r", "/k", 16),
+def test_client_shared_memory_is_off_by_default(
+        client: grpcclient.InferenceServerClient) -> None:
+    """As Triton 2.73 without --allow-client-shm: status lists no region, and registering
+    or unregistering is UNIMPLEMENTED with its text naming the flag."""
+    assert not client.get_system_shared_memory_status(as_json=True)
+    for call in (lambda: client.register_system_shared_memory("r", "/k", 16),
                  client.unregister_system_shared_memory,
-                 client.get_cuda_shared_memory_status,
                  client.unregister_cuda_shared_memory):
         error = status_of(call)
         assert error.status() == "StatusCode.UNIMPLEMENTED"
-        assert "not" in (error.message() or "")
+        assert "--allow-client-shm=true" in (error.message() or "")
 
 
 def test_log_and_trace_settings(client: grpcclient.InferenceServerClient) -> None:

@@ -1,5 +1,6 @@
 """Property-based fuzzing of the codecs: whatever a client sends, the result is a decoded
-request or a TritiumError a client is owed (INVALID_ARG; UNSUPPORTED for shared memory),
+request or a TritiumError a client is owed (INVALID_ARG; NOT_FOUND for a shared memory
+region that is not registered; UNSUPPORTED),
 never another exception."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tritium.frontends.http import generate, json_pieces
 
 FUZZ = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-CLIENT_CODES = {ErrorCode.INVALID_ARG, ErrorCode.UNSUPPORTED}
+CLIENT_CODES = {ErrorCode.INVALID_ARG, ErrorCode.NOT_FOUND, ErrorCode.UNSUPPORTED}
 WIRE_NAMES = [t.wire for t in DataType] + ["", "FP8", "bytes", "TYPE_FP32"]
 
 

@@ -154,10 +154,12 @@ def test_unknown_datatype_negative_shape_and_duplicates() -> None:
     expect_error(ErrorCode.INVALID_ARG, message, "more than once")
 
 
-def test_shared_memory_is_unsupported() -> None:
-    message = raw_message("FP32", [1], b"\0" * 4)
+def test_shared_memory_region_must_be_registered() -> None:
+    """Without a registry (or with no such region) Triton's GetMemoryInfo text."""
+    message = raw_message("FP32", [1], b"")
+    del message.raw_input_contents[:]
     message.inputs[0].parameters["shared_memory_region"].string_param = "r"
-    expect_error(ErrorCode.UNSUPPORTED, message, "shared memory")
+    expect_error(ErrorCode.NOT_FOUND, message, "Unable to find shared memory region: 'r'")
 
 
 # ---------------------------------------------------------------- request fields

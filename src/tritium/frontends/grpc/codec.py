@@ -32,9 +32,11 @@ from tritium.core.request import InferenceRequest, ParamValue, RequestedOutput
 from tritium.core.response import InferenceResponse
 from tritium.core.serialization import SLICE, array_from_binary, bytes_array, tensor_bytes
 from tritium.core.service import ModelStatisticsEntry
+from tritium.core.shared_memory import SharedMemoryRegistry, Slice
 from tritium.core.statistics import Duration, ModelStatistics
 from tritium.core.types import DataType, Tensor
 from tritium.core.validation import check_input, element_count
+from tritium.frontends.grpc import shared_memory as shm
 
 FINAL_KEY = "triton_final_response"
 EMPTY_FINAL_KEY = "triton_enable_empty_final_response"
@@ -47,6 +49,8 @@ class GrpcRequestState:
 
     version_text: str = ""  # model_version exactly as the client sent it
     empty_final: bool = False  # write a response for a flag-only FINAL
+    # Outputs to write into shared memory regions instead of the response, by name.
+    shm_outputs: dict[str, Slice] | None = None
 
 
 def parse_version(text: str) -> int | None:
@@ -62,12 +66,14 @@ def parse_version(text: str) -> int | None:
 
 
 def decode_infer_request(
-    message: pb.ModelInferRequest, model: ModelHandle | None = None
+    message: pb.ModelInferRequest, model: ModelHandle | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> InferenceRequest:
     """A core request from a ModelInferRequest.
 
     With ``model``, each input is checked against its configuration (declared, datatype,
-    shape, batch size, byte size) before any input's data is decoded.
+    shape, batch size, byte size) before any input's data is decoded. Tensors whose
+    parameters name a ``shared_memory`` region are read from (outputs: written to) it.
     """
     state = GrpcRequestState(version_text=message.model_version)
     request = InferenceRequest(
@@ -79,10 +85,11 @@ def decode_infer_request(
     )
     if message.parameters:
         _apply_parameters(request, state, message.parameters)
-    planned = _plan_inputs(message, request.id, model)
+    planned = _plan_inputs(message, request.id, model, shared_memory)
     request.inputs = {name: decode() for name, decode in planned}
     if message.outputs:
-        request.requested_outputs = [_decode_output(output) for output in message.outputs]
+        request.requested_outputs = [_decode_output(output, state, shared_memory)
+                                     for output in message.outputs]
     return request
 
 
@@ -101,34 +108,44 @@ def request_bytes(message: pb.ModelInferRequest) -> int:
 
 
 def _plan_inputs(
-    message: pb.ModelInferRequest, request_id: str, model: ModelHandle | None
+    message: pb.ModelInferRequest, request_id: str, model: ModelHandle | None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> list[tuple[str, Callable[[], Tensor]]]:
     """Every input checked, each with how to decode its data (not run yet)."""
     raw = message.raw_input_contents
     items = message.inputs
-    if raw and len(raw) != len(items):
+    # Inputs in shared memory have no raw entry: the others take theirs in order.
+    if raw and len(raw) != len(items) and len(raw) != _raw_count(items):
         raise invalid(
-            f"{_prefix(request_id)}expected {len(items)} entries in raw_input_contents, "
-            f"one per input, but got {len(raw)}"
+            f"{_prefix(request_id)}expected {_raw_count(items)} entries in "
+            f"raw_input_contents, one per input, but got {len(raw)}"
         )
     planned: dict[str, Callable[[], Tensor]] = {}
-    for index, item in enumerate(items):
+    next_raw = 0
+    for item in items:
         if item.name in planned:
             raise invalid(f"{_prefix(request_id)}input '{item.name}' is given more than once")
+        region = None
         if item.parameters:
-            _refuse_shared_memory(item.parameters, item.name)
+            region = shm.input_slice(item, message.model_name, shared_memory)
         datatype = _datatype(item.datatype, item.name)
         shape = _shape(item.shape, item.name)
         count = element_count(item.name, shape, _prefix(request_id))
         if model is not None:
             check_input(model, item.name, datatype, shape, _prefix(request_id))
-        if raw:
+        if region is not None:
+            data = region.read()
+            _check_raw_size(item.name, datatype, shape, count, data)
+            planned[item.name] = functools.partial(
+                _tensor_from_checked_raw, item.name, datatype, shape, count, data)
+        elif raw:
             if item.HasField("contents"):
                 raise invalid(
                     f"{_prefix(request_id)}contents field must not be specified when using "
                     f"raw_input_contents for input '{item.name}' for model '{message.model_name}'"
                 )
-            data = raw[index]  # a copy, each time it is read
+            data = raw[next_raw]  # a copy, each time it is read
+            next_raw += 1
             _check_raw_size(item.name, datatype, shape, count, data)
             planned[item.name] = functools.partial(
                 _tensor_from_checked_raw, item.name, datatype, shape, count, data)
@@ -165,13 +182,13 @@ def tensor_from_raw(name: str, datatype: DataType, shape: tuple[int, ...], raw: 
 
 
 def _tensor_from_checked_raw(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
-                             raw: bytes) -> Tensor:
+                             raw: bytes | bytearray) -> Tensor:
     data = array_from_binary(raw, datatype, count, f"for input '{name}'")
     return Tensor(name, datatype, shape, data.reshape(shape))
 
 
 def _check_raw_size(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
-                    raw: bytes) -> None:
+                    raw: bytes | bytearray) -> None:
     expected = count * datatype.itemsize
     if datatype is not DataType.BYTES and len(raw) != expected:
         raise invalid(
@@ -259,18 +276,21 @@ _WIDE = {
 }
 
 
-def _refuse_shared_memory(params: Any, tensor: str) -> None:
-    if "shared_memory_region" in params:
-        raise TritiumError(
-            ErrorCode.UNSUPPORTED,
-            f"shared memory is not supported by this server (tensor '{tensor}')",
-        )
+def _raw_count(items: Iterable[Any]) -> int:
+    """How many of ``items`` take an entry of raw_input_contents (those not in shm)."""
+    return sum(1 for item in items if shm.REGION not in item.parameters)
 
 
-def _decode_output(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
+def _decode_output(item: pb.ModelInferRequest.InferRequestedOutputTensor,
+                   state: GrpcRequestState, shared_memory: SharedMemoryRegistry | None
+                   ) -> RequestedOutput:
     if not item.parameters:
         return RequestedOutput(item.name)
-    _refuse_shared_memory(item.parameters, item.name)
+    region = shm.output_slice(item, shared_memory)
+    if region is not None:
+        if state.shm_outputs is None:
+            state.shm_outputs = {}
+        state.shm_outputs[item.name] = region
     params = {key: parameter_value(key, value) for key, value in item.parameters.items()}
     if "classification" in params:
         parse_unsigned("classification", params["classification"], _PROTO_NAMES)
@@ -376,6 +396,8 @@ def _response_without_contents(
         id=request.id,
     )
     wanted = _class_counts(request)
+    state = request.frontend_state
+    in_shm = state.shm_outputs if isinstance(state, GrpcRequestState) else None
     outputs = message.outputs
     raws: list[bytes | memoryview] = []
     for tensor in response.outputs:
@@ -387,6 +409,11 @@ def _response_without_contents(
                 labels = None if served is None else served.labels
                 tensor = classify(tensor, wanted[tensor.name], batched, labels)
         outputs.add(name=tensor.name, datatype=tensor.datatype.wire, shape=tensor.shape)
+        if in_shm is not None and tensor.name in in_shm:
+            # Written into the client's region; its raw entry stays empty, as in Triton.
+            in_shm[tensor.name].write_output(tensor.name, _raw_output(tensor))
+            raws.append(b"")
+            continue
         raws.append(_raw_output(tensor))
     if response.parameters:
         set_parameters(message.parameters, response.parameters)

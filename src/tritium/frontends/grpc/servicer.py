@@ -17,7 +17,9 @@ from tritium.core.inflight import InFlight
 from tritium.core.request import InferenceRequest
 from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.service import InferenceService
+from tritium.core.shared_memory import SharedMemoryRegistry
 from tritium.frontends.grpc import codec
+from tritium.frontends.grpc import shared_memory as shm
 from tritium.frontends.grpc.call import Call, Router, Rpc
 from tritium.frontends.grpc.serving import fail_call
 
@@ -30,18 +32,17 @@ ERROR_MODE_HEADER = "triton_grpc_error"
 # Fields of the gRPC protocol itself, which gRPC servers keep out of a call's metadata.
 _TRANSPORT_HEADERS = frozenset({"te", "content-type", "grpc-timeout", "grpc-encoding",
                                 "grpc-accept-encoding"})
-_SHARED_MEMORY = TritiumError(
-    ErrorCode.UNSUPPORTED, "shared memory is not supported by this server; send tensor data "
-    "in the request instead"
-)
 
 
 class InferenceServicer:
     """``inference.GRPCInferenceService`` over one ``InferenceService``."""
 
-    def __init__(self, service: InferenceService, header_forward: HeaderForward | None = None):
+    def __init__(self, service: InferenceService, header_forward: HeaderForward | None = None,
+                 shared_memory: SharedMemoryRegistry | None = None):
         self.service = service
         self.header_forward = header_forward
+        # Regions clients registered, shared with HTTP; none may be without --allow-client-shm.
+        self.shared_memory = shared_memory or SharedMemoryRegistry()
 
     # -- health and metadata ---------------------------------------------------
     async def ServerLive(self, request: Any, call: Call) -> pb.ServerLiveResponse:
@@ -99,30 +100,38 @@ class InferenceServicer:
             self.service.trace_settings(model)
         return codec.encode_trace_settings(settings)
 
-    # -- shared memory: not offered (and not listed in the server's extensions) --
+    # -- shared memory: system regions (with --allow-client-shm); CUDA ones never --
     async def SystemSharedMemoryStatus(self, request: Any, call: Call) -> Any:
-        raise _SHARED_MEMORY
+        return shm.system_status(self.shared_memory.status(request.name))
 
     async def SystemSharedMemoryRegister(self, request: Any, call: Call) -> Any:
-        raise _SHARED_MEMORY
+        self.shared_memory.register(request.name, request.key, request.offset,
+                                    request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, call: Call) -> Any:
-        raise _SHARED_MEMORY
+        if request.name:
+            self.shared_memory.unregister(request.name)
+        else:
+            self.shared_memory.unregister_all()
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, call: Call) -> Any:
-        raise _SHARED_MEMORY
+        self.shared_memory.cuda_status(request.name)  # lists none, or refuses the name
+        return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, call: Call) -> Any:
-        raise _SHARED_MEMORY
+        self.shared_memory.register_cuda(request.name)
 
     async def CudaSharedMemoryUnregister(self, request: Any, call: Call) -> Any:
-        raise _SHARED_MEMORY
+        self.shared_memory.unregister_cuda(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- inference -------------------------------------------------------------
     async def ModelInfer(self, message: Any, call: Call) -> list[bytes | memoryview]:
         # The call's cancellation: the transport cancels it however the call ends early.
-        request = decode_small_request(self.service, message) or \
-            await decode_request(self.service, message)
+        request = decode_small_request(self.service, message, self.shared_memory) or \
+            await decode_request(self.service, message, self.shared_memory)
         if self.header_forward is not None:
             request.parameters.update(forwarded(self.header_forward, call))
         response = await self.service.infer(request, call.cancellation)
@@ -131,7 +140,7 @@ class InferenceServicer:
         return codec.encode_infer_response(response, request)
 
     async def ModelStreamInfer(self, call: Call) -> None:
-        await StreamSession(self.service, call, self.header_forward).run()
+        await StreamSession(self.service, call, self.header_forward, self.shared_memory).run()
 
 
 class StreamSession:
@@ -146,10 +155,12 @@ class StreamSession:
     refused before it reached a model is still answered in-band, as in Triton."""
 
     def __init__(self, service: InferenceService, call: Call,
-                 header_forward: HeaderForward | None = None):
+                 header_forward: HeaderForward | None = None,
+                 shared_memory: SharedMemoryRegistry | None = None):
         self.service = service
         self.call = call
         self.header_forward = header_forward
+        self.shared_memory = shared_memory
         self.in_flight: InFlight[asyncio.Task[None]] = InFlight()
         self._room: asyncio.Event = asyncio.Event()
         self._limit = call.conn.limits.max_stream_requests
@@ -168,7 +179,7 @@ class StreamSession:
 
     async def _start(self, message: Any) -> None:
         try:
-            request = await decode_request(self.service, message)
+            request = await decode_request(self.service, message, self.shared_memory)
             if self.header_forward is not None:  # the stream's headers, for each request
                 request.parameters.update(forwarded(self.header_forward, self.call))
             # Each request follows the call: its end cancels them all with its reason.
@@ -219,22 +230,26 @@ def forwarded(header_forward: HeaderForward, call: Call) -> dict[str, str]:
         if not name.startswith(":") and name not in _TRANSPORT_HEADERS)
 
 
-def decode_small_request(service: InferenceService, message: Any) -> InferenceRequest | None:
+def decode_small_request(service: InferenceService, message: Any,
+                         shared_memory: SharedMemoryRegistry | None = None
+                         ) -> InferenceRequest | None:
     """The usual small request decoded at once, without a coroutine; None for a big one."""
     model = service.model(message.model_name, codec.parse_version(message.model_version))
     if offload.heavy(codec.request_bytes(message)):
         return None
-    return codec.decode_infer_request(message, model)
+    return codec.decode_infer_request(message, model, shared_memory)
 
 
-async def decode_request(service: InferenceService, message: Any) -> InferenceRequest:
+async def decode_request(service: InferenceService, message: Any,
+                         shared_memory: SharedMemoryRegistry | None = None
+                         ) -> InferenceRequest:
     """Decode a ModelInferRequest for the model version it names, which must be ready: the
     inputs are checked against it before any data is decoded, and a big message is decoded
     off the event loop."""
     model = service.model(message.model_name, codec.parse_version(message.model_version))
     if offload.heavy(codec.request_bytes(message)):
-        return await offload.run(codec.decode_infer_request, message, model)
-    return codec.decode_infer_request(message, model)
+        return await offload.run(codec.decode_infer_request, message, model, shared_memory)
+    return codec.decode_infer_request(message, model, shared_memory)
 
 
 class HealthServicer:

@@ -1,0 +1,294 @@
+"""The system shared memory registry, and the gRPC codec reading inputs from regions and
+writing outputs into them, with real POSIX shared memory objects and no server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from multiprocessing import shared_memory as mpshm
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from tritium.core import messages
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.response import InferenceResponse
+from tritium.core.service import EXTENSIONS
+from tritium.core.shared_memory import SharedMemoryRegistry, extensions
+from tritium.core.types import DataType, Tensor
+from tritium.frontends.grpc import codec
+
+SIZE = 64
+
+
+@pytest.fixture
+def block() -> Iterator[mpshm.SharedMemory]:
+    """A 64-byte shared memory object, as tritonclient's utilities make one."""
+    memory = mpshm.SharedMemory(f"tritium_test_{uuid.uuid4().hex}", create=True, size=SIZE)
+    yield memory
+    memory.close()
+    with contextlib.suppress(FileNotFoundError):
+        memory.unlink()
+
+
+@pytest.fixture
+def registry() -> SharedMemoryRegistry:
+    return SharedMemoryRegistry(allow_client=True)
+
+
+def key_of(block: mpshm.SharedMemory) -> str:
+    return "/" + block.name
+
+
+def buffer_of(block: mpshm.SharedMemory) -> memoryview:
+    assert block.buf is not None
+    return block.buf
+
+
+def error_of(call: object, *args: object) -> TritiumError:
+    with pytest.raises(TritiumError) as info:
+        call(*args)  # type: ignore[operator]
+    return info.value
+
+
+def descriptors_on(block: mpshm.SharedMemory) -> int:
+    """How many of this process's descriptors are open on the object."""
+    target = f"/dev/shm/{block.name}"
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == target
+        except OSError:
+            continue
+    return count
+
+
+# ------------------------------------------------------------------- registration
+
+
+def test_register_status_unregister(registry: SharedMemoryRegistry,
+                                    block: mpshm.SharedMemory) -> None:
+    registry.register("r", key_of(block), 8, 32)
+    [status] = registry.status()
+    assert (status.name, status.key, status.offset, status.byte_size) == (
+        "r", key_of(block), 8, 32)
+    assert registry.status("r") == [status]
+    registry.unregister("r")
+    assert registry.status() == []
+    registry.unregister("r")  # nothing to do is no error, as in Triton
+
+
+def test_unregister_closes_the_descriptor(registry: SharedMemoryRegistry,
+                                          block: mpshm.SharedMemory) -> None:
+    before = descriptors_on(block)  # the test's own handle holds some
+    registry.register("r", key_of(block), 0, SIZE)
+    assert descriptors_on(block) == before + 1
+    held = registry.slice("r", 0, 4)  # as a request in flight holds it
+    registry.unregister_all()
+    assert descriptors_on(block) == before + 1, "a request using the region keeps it open"
+    assert held.read() == bytearray(4)
+    del held
+    assert descriptors_on(block) == before
+
+
+def test_disabled_registry_refuses_changes_but_reports_none(block: mpshm.SharedMemory) -> None:
+    """Triton 2.73 without --allow-client-shm: register and unregister are UNSUPPORTED with
+    its text naming the flag; status still answers (an empty list)."""
+    registry = SharedMemoryRegistry()
+    assert not registry.enabled
+    for call, args in ((registry.register, ("r", key_of(block), 0, SIZE)),
+                       (registry.unregister, ("r",)), (registry.unregister_all, ())):
+        error = error_of(call, *args)
+        assert (error.code, error.message) == (ErrorCode.UNSUPPORTED, messages.SHM_DISABLED)
+    assert registry.status() == []
+
+
+@pytest.mark.parametrize(("key", "text"), [
+    ("///", "cannot register shared memory region 'r' - invalid shm key '///'"),
+    ("/triton_python_backend_shm_region_7",
+     "cannot register shared memory region 'r' with key '/triton_python_backend_shm_region_7' "
+     "as the key contains the reserved prefix 'triton_python_backend_shm_region_'"),
+    ("/no_such_object_here", "Unable to open shared memory region: '/no_such_object_here'"),
+    ("/a/../../etc/passwd", "Unable to open shared memory region: '/a/../../etc/passwd'"),
+    ("/x\x00y", "Unable to open shared memory region: '/x\x00y'"),
+])
+def test_bad_keys(registry: SharedMemoryRegistry, key: str, text: str) -> None:
+    """Triton's ValidateSharedMemoryKey texts, and its shm_open failure; a key is never a
+    path (an inner slash or NUL is refused, not followed)."""
+    assert error_of(registry.register, "r", key, 0, 8).message == text
+
+
+def test_symlink_and_fifo_are_not_regions(registry: SharedMemoryRegistry) -> None:
+    name = f"tritium_test_{uuid.uuid4().hex}"
+    os.symlink("/etc/hostname", f"/dev/shm/{name}")
+    try:
+        error = error_of(registry.register, "r", "/" + name, 0, 1)
+        assert error.message == messages.SHM_CANNOT_OPEN.format(key="/" + name)
+    finally:
+        os.unlink(f"/dev/shm/{name}")
+    os.mkfifo(f"/dev/shm/{name}")
+    try:
+        error = error_of(registry.register, "r", "/" + name, 0, 1)
+        assert error.message == messages.SHM_NOT_A_REGION.format(key="/" + name)
+    finally:
+        os.unlink(f"/dev/shm/{name}")
+
+
+def test_registration_bounds(registry: SharedMemoryRegistry, block: mpshm.SharedMemory) -> None:
+    """Triton: offset + byte_size past the object is 'invalid args'; an empty mapping is
+    mmap's EINVAL; a name registered twice ALREADY_EXISTS."""
+    error = error_of(registry.register, "r", key_of(block), 8, SIZE)
+    assert error.message == "failed to register shared memory region 'r': invalid args"
+    error = error_of(registry.register, "r", key_of(block), 0, 0)
+    assert error.message == ("failed to register shared memory region 'r': unable to process "
+                             "address spaceInvalid argument")
+    registry.register("r", key_of(block), 0, SIZE)
+    error = error_of(registry.register, "r", key_of(block), 0, SIZE)
+    assert (error.code, error.message) == (
+        ErrorCode.ALREADY_EXISTS, "shared memory region 'r' already in manager")
+    error = error_of(registry.status, "other")
+    assert (error.code, error.message) == (
+        ErrorCode.NOT_FOUND, "Unable to find system shared memory region: 'other'")
+
+
+def test_number_of_regions_is_bounded(block: mpshm.SharedMemory) -> None:
+    registry = SharedMemoryRegistry(allow_client=True, max_regions=2)
+    registry.register("a", key_of(block), 0, 8)
+    registry.register("b", key_of(block), 8, 8)
+    error = error_of(registry.register, "c", key_of(block), 16, 8)
+    assert "2 regions are registered already" in error.message
+    registry.unregister("a")
+    registry.register("c", key_of(block), 16, 8)
+
+
+def test_cuda_is_not_supported(registry: SharedMemoryRegistry,
+                               block: mpshm.SharedMemory) -> None:
+    """As Triton built without GPUs: register refused, status lists none, unregister is a
+    no-op; status of a system region's name says what it is."""
+    error = error_of(registry.register_cuda, "g")
+    assert error.message == ("failed to register CUDA shared memory region: 'g', GPUs not "
+                             "supported")
+    assert registry.cuda_status() == []
+    registry.unregister_cuda("g")
+    registry.register("r", key_of(block), 0, 8)
+    assert "registered as system shared memory" in error_of(registry.cuda_status, "r").message
+    assert error_of(registry.cuda_status, "g").code is ErrorCode.NOT_FOUND
+
+
+def test_extension_is_listed_only_when_enabled() -> None:
+    assert "system_shared_memory" not in extensions(EXTENSIONS, SharedMemoryRegistry())
+    listed = extensions(EXTENSIONS, SharedMemoryRegistry(allow_client=True))
+    assert listed.index("system_shared_memory") == listed.index("model_configuration") + 1
+
+
+# --------------------------------------------------------------------------- use
+
+
+def test_slice_checks(registry: SharedMemoryRegistry, block: mpshm.SharedMemory) -> None:
+    """Triton's GetMemoryInfo: unknown region NOT_FOUND; offset at or past the region's end;
+    offset + byte size past it."""
+    registry.register("r", key_of(block), 16, 32)
+    assert error_of(registry.slice, "x", 0, 4).message == "Unable to find shared memory region: 'x'"
+    assert error_of(registry.slice, "r", 32, 0).message == (
+        "Invalid offset for shared memory region: 'r'")
+    assert error_of(registry.slice, "r", -1, 4).code is ErrorCode.INVALID_ARG
+    assert error_of(registry.slice, "r", 8, 25).message == (
+        "Invalid offset + byte size for shared memory region: 'r'")
+
+
+def test_read_and_write_at_the_region_offset(registry: SharedMemoryRegistry,
+                                             block: mpshm.SharedMemory) -> None:
+    buffer_of(block)[16:24] = bytes(range(8))
+    registry.register("r", key_of(block), 12, 40)
+    data = registry.slice("r", 4, 8).read()
+    assert data == bytes(range(8)) and isinstance(data, bytearray)
+    registry.output_slice("r", 20, 4).write_output("OUT", b"abcd")
+    assert bytes(buffer_of(block)[32:36]) == b"abcd"
+    error = error_of(registry.output_slice("r", 20, 4).write_output, "OUT", b"abcde")
+    assert (error.code, error.message) == (ErrorCode.INTERNAL, (
+        "shared memory size specified with the request for output 'OUT' (4 bytes) should be "
+        "at least 5 bytes to hold the results"))
+
+
+def test_a_region_truncated_underneath_is_an_error_not_a_crash(
+        registry: SharedMemoryRegistry, block: mpshm.SharedMemory) -> None:
+    registry.register("r", key_of(block), 0, SIZE)
+    held = registry.output_slice("r", 32, 32)
+    os.truncate(f"/dev/shm/{block.name}", 16)
+    for call, args in ((held.read, ()), (held.write_output, ("OUT", b"x"))):
+        error = error_of(call, *args)
+        assert "smaller than when it was registered" in error.message
+    assert os.stat(f"/dev/shm/{block.name}").st_size == 16, "a write never regrows the file"
+
+
+# ---------------------------------------------------------------------- gRPC codec
+
+
+def grpc_request(registry_region: str, with_raw: bool) -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name="m", id="r1")
+    first = message.inputs.add(name="IN_SHM", datatype="INT32", shape=[2])
+    first.parameters["shared_memory_region"].string_param = registry_region
+    first.parameters["shared_memory_byte_size"].int64_param = 8
+    first.parameters["shared_memory_offset"].int64_param = 4
+    if with_raw:
+        message.inputs.add(name="IN_RAW", datatype="INT32", shape=[1])
+        message.raw_input_contents.append(np.array([9], np.int32).tobytes())
+    out = message.outputs.add(name="OUT")
+    out.parameters["shared_memory_region"].string_param = registry_region
+    out.parameters["shared_memory_byte_size"].int64_param = 8
+    out.parameters["shared_memory_offset"].int64_param = 32
+    return message
+
+
+def test_grpc_inputs_from_and_outputs_into_regions(registry: SharedMemoryRegistry,
+                                                   block: mpshm.SharedMemory) -> None:
+    """Triton's InferGRPCToInput: shm inputs take no raw entry, the others take theirs in
+    order; an shm output is listed with an empty raw entry, its bytes in the region."""
+    buffer_of(block)[4:12] = np.array([5, 6], np.int32).tobytes()
+    registry.register("r", key_of(block), 0, SIZE)
+    request = codec.decode_infer_request(grpc_request("r", with_raw=True), None, registry)
+    assert request.inputs["IN_SHM"].data.tolist() == [5, 6]
+    assert request.inputs["IN_RAW"].data.tolist() == [9]
+    request.inputs["IN_SHM"].data[0] = 1  # writable, as binary inputs are
+    output = Tensor("OUT", DataType.INT32, (2,), np.array([7, 8], np.int32))
+    message = codec.infer_response_message(InferenceResponse(outputs=[output]), request)
+    assert [o.name for o in message.outputs] == ["OUT"]
+    assert list(message.raw_output_contents) == [b""]
+    assert np.frombuffer(buffer_of(block)[32:40], np.int32).tolist() == [7, 8]
+
+
+@pytest.mark.parametrize(("edit", "text"), [
+    (lambda m: setattr(m.inputs[0].parameters["shared_memory_region"], "int64_param", 1),
+     "invalid value type for 'shared_memory_region' parameter for tensor 'IN_SHM', expected "
+     "string_param."),
+    (lambda m: setattr(m.inputs[0].parameters["shared_memory_offset"], "string_param", "1"),
+     "invalid value type for 'shared_memory_offset' parameter for tensor 'IN_SHM', expected "
+     "int64_param."),
+    (lambda m: m.inputs[0].parameters.pop("shared_memory_region"),
+     "'shared_memory_offset' can not be specified without 'shared_memory_region' parameter "
+     "for tensor 'IN_SHM'"),
+    (lambda m: m.inputs[0].contents.int_contents.extend([1, 2]),
+     "unexpected 'content' provided when using shared memory for input tensor 'IN_SHM' for "
+     "model 'm'"),
+    (lambda m: setattr(m.outputs[0].parameters["classification"], "int64_param", 1),
+     "output can't set both 'shared_memory_region' and 'classification'"),
+    (lambda m: setattr(m.inputs[0].parameters["shared_memory_byte_size"], "int64_param", 4),
+     "input byte size mismatch for input 'IN_SHM'"),
+])
+def test_grpc_parameter_errors(registry: SharedMemoryRegistry, block: mpshm.SharedMemory,
+                               edit: object, text: str) -> None:
+    """Triton's ParseSharedMemoryParams texts (grpc_utils.h) and infer_handler.cc's."""
+    registry.register("r", key_of(block), 0, SIZE)
+    message = grpc_request("r", with_raw=False)
+    edit(message)  # type: ignore[operator]
+    error = error_of(codec.decode_infer_request, message, None, registry)
+    assert error.code is ErrorCode.INVALID_ARG and text in error.message
+
+
+def test_grpc_unknown_region(registry: SharedMemoryRegistry) -> None:
+    error = error_of(codec.decode_infer_request, grpc_request("nope", False), None, registry)
+    assert (error.code, error.message) == (
+        ErrorCode.NOT_FOUND, "Unable to find shared memory region: 'nope'")
