@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the core the event loop and idle model instance threads share (model code "
              "itself runs on every core): auto (the idlest core at startup), a core "
              "number, or none to leave threads where the OS puts them")
+    add("--python-instance-kind", choices=("thread", "process"), default="thread",
+        help="where python models run by default: thread (a thread of the server, the "
+             "lowest latency) or process (a process per instance, as Triton's stubs: "
+             "parallel and isolated); a model's TRITIUM_INSTANCE_KIND parameter wins")
     add("--tokenizer", type=_directory, default=None,
         help="OpenAI API (/v1): a directory of Hugging Face tokenizer files "
              "(tokenizer_config.json with the chat template, tokenizer.json) for models "
@@ -266,6 +270,7 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
             max_stream_requests=args.grpc_max_stream_requests),
         cpu_cores=args.cpu_cores,
         python_threads_core=args.python_threads_core,
+        python_instance_kind=args.python_instance_kind,
         http_restricted_apis=_restrictions("http-restricted-api", args.http_restricted_api, "api"),
         grpc_restricted_protocols=_restrictions(
             "grpc-restricted-protocol", args.grpc_restricted_protocol, "protocol"),

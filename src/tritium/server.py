@@ -20,6 +20,7 @@ from tritium.ensemble.handle import EnsembleModel
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo, ModelBackend
+from tritium.execution.process import choice as instance_choice
 from tritium.frontends.grpc import restricted as grpc_restricted
 from tritium.frontends.grpc.call import GrpcLimits
 from tritium.frontends.grpc.flood import FloodLimits
@@ -107,6 +108,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop
         create_ensemble=create_ensemble,
     )
     service = InferenceService(manager, loop)
+    instance_choice.configure(config.python_instance_kind, service)
     service.update_log_settings({"log_verbose_level": max(config.log_verbose, 0)})
     return service, manager
 
