@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-http", type=_bool, default=True)
     add("--allow-grpc", type=_bool, default=True)
     add("--allow-metrics", type=_bool, default=True)
+    add("--allow-client-shm", type=_bool, default=False,
+        help="let clients register system shared memory regions (/v2/systemsharedmemory, "
+             "SystemSharedMemory*) and pass tensors through them")
     add("--model-control-mode", type=str.lower, choices=[m.value for m in ControlMode],
         default="none", help="none: load all at start; explicit: --load-model and the "
         "repository API; poll: also follow repository changes")
@@ -279,6 +282,7 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         http_header_forward_pattern=args.http_header_forward_pattern,
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         openai_tokenizer=args.tokenizer,
+        allow_client_shm=args.allow_client_shm,
     )
 
 

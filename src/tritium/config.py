@@ -66,3 +66,5 @@ class ServerConfig:
     # OpenAI API (/v1): a directory of Hugging Face tokenizer files (tokenizer_config.json,
     # tokenizer.json) for the models whose own directory has none.
     openai_tokenizer: Path | None = None
+    # Clients may register system shared memory regions (off by default, as in Triton 2.73).
+    allow_client_shm: bool = False

@@ -15,7 +15,8 @@ from tritium.config import GrpcLimitSettings, ServerConfig
 from tritium.core import offload
 from tritium.core.descriptors import default_connection_cap
 from tritium.core.header_forward import header_forward
-from tritium.core.service import InferenceService
+from tritium.core.service import EXTENSIONS, InferenceService
+from tritium.core.shared_memory import SharedMemoryRegistry, extensions
 from tritium.ensemble.handle import EnsembleModel
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.execution import placement as placement_module
@@ -55,13 +56,14 @@ async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
     stop = _install_signal_handlers(loop)
     _place_threads(loop)
-    service, manager = _build_core(config, loop)
+    shared_memory = SharedMemoryRegistry(config.allow_client_shm)
+    service, manager = _build_core(config, loop, shared_memory)
 
     await manager.load_startup_models(list(config.load_models))
     _log_models(manager)
     try:
-        http = await _start_http(config, service) if config.allow_http else None
-        grpc = await _start_grpc(config, service) if config.allow_grpc else None
+        http = await _start_http(config, service, shared_memory) if config.allow_http else None
+        grpc = await _start_grpc(config, service, shared_memory) if config.allow_grpc else None
         metrics = await _start_metrics(config, manager) if config.allow_metrics else None
     except (OSError, TlsError) as exc:  # the port is taken, the address is not ours, ...
         log.error("cannot listen: %s", exc)
@@ -88,8 +90,8 @@ def _place_threads(loop: asyncio.AbstractEventLoop) -> None:
     log.info("thread placement: %s", placement.describe())
 
 
-def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop
-                ) -> tuple[InferenceService, ModelManager]:
+def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
+                shared_memory: SharedMemoryRegistry) -> tuple[InferenceService, ModelManager]:
     from tritium.backends.python.loader import auto_complete_config, create_python_backend
 
     service: InferenceService | None = None
@@ -107,7 +109,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
         create_ensemble=create_ensemble,
     )
-    service = InferenceService(manager, loop)
+    service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory))
     instance_choice.configure(config.python_instance_kind, service)
     service.update_log_settings({"log_verbose_level": max(config.log_verbose, 0)})
     return service, manager
@@ -125,11 +127,12 @@ def _http_limits(config: ServerConfig) -> HttpLimits:
     )
 
 
-async def _start_http(config: ServerConfig, service: InferenceService) -> HttpServer:
+async def _start_http(config: ServerConfig, service: InferenceService,
+                      shared_memory: SharedMemoryRegistry) -> HttpServer:
     limits = _http_limits(config)
     forward = header_forward(config.http_header_forward_pattern)
     app = http_restricted.restrict(HttpApi(service, config.http_max_input_size, forward,
-                                           config.openai_tokenizer),
+                                           config.openai_tokenizer, shared_memory),
                                    config.http_restricted_apis)
     server = await start_http_server(app, config.http_address, config.http_port, limits,
                                      ssl_context=_tls_context(config.http_tls, ["http/1.1"]))
@@ -138,8 +141,10 @@ async def _start_http(config: ServerConfig, service: InferenceService) -> HttpSe
     return server
 
 
-async def _start_grpc(config: ServerConfig, service: InferenceService) -> GrpcServer:
-    servicer = InferenceServicer(service, header_forward(config.grpc_header_forward_pattern))
+async def _start_grpc(config: ServerConfig, service: InferenceService,
+                      shared_memory: SharedMemoryRegistry) -> GrpcServer:
+    servicer = InferenceServicer(service, header_forward(config.grpc_header_forward_pattern),
+                                 shared_memory)
     routes = grpc_restricted.restrict(router(servicer, HealthServicer(service)),
                                       config.grpc_restricted_protocols)
     server = await start_grpc_server(routes, config.grpc_address, config.grpc_port,

@@ -18,7 +18,9 @@ from tritium.core.model import ModelHandle, ModelMetadata
 from tritium.core.request import InferenceRequest
 from tritium.core.response import InferenceResponse
 from tritium.core.service import InferenceService
+from tritium.core.shared_memory import SharedMemoryRegistry
 from tritium.frontends.http import codec, compression, generate
+from tritium.frontends.http import shared_memory as shm
 from tritium.frontends.http.exchange import BodyPart, HttpExchange
 from tritium.frontends.http.openai import endpoints as openai
 from tritium.frontends.http.routes import Match, NoRoute, Router
@@ -53,8 +55,11 @@ class HttpApi:
 
     def __init__(self, service: InferenceService, max_input_size: int,
                  header_forward: HeaderForward | None = None,
-                 tokenizer_dir: Path | None = None):
+                 tokenizer_dir: Path | None = None,
+                 shared_memory: SharedMemoryRegistry | None = None):
         self.service = service
+        # Regions clients registered, shared with gRPC; none may be without --allow-client-shm.
+        self.shared_memory = shared_memory or SharedMemoryRegistry()
         self.max_input_size = max_input_size
         self.header_forward = header_forward  # /infer only, as in Triton
         # /v1: tokenizer files for the models whose own directory has none (--tokenizer).
@@ -376,6 +381,15 @@ ROUTES: tuple[tuple[str, str, Endpoint], ...] = (
     ("POST", "/v2/logging", HttpApi.log_settings),
     ("GET", "/v2/trace/setting", HttpApi.trace_settings),
     ("POST", "/v2/trace/setting", HttpApi.trace_settings),
+    *(("GET", f"/v2/{kind}sharedmemory{region}/status", status)
+      for kind, status in (("system", shm.system_status), ("cuda", shm.cuda_status))
+      for region in ("", "/region/{model}")),
+    *(("POST", f"/v2/{kind}sharedmemory{region}/{action}", endpoint)
+      for kind, action, endpoint in (("system", "register", shm.system_register),
+                                     ("system", "unregister", shm.system_unregister),
+                                     ("cuda", "register", shm.cuda_register),
+                                     ("cuda", "unregister", shm.cuda_unregister))
+      for region in ("", "/region/{model}")),
     # OpenAI's API over the same models (frontends/http/openai).
     ("GET", "/v1/models", openai.list_models),
     ("GET", "/v1/models/{model}", openai.retrieve_model),
