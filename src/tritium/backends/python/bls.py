@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tritium.backends.python import scope
 from tritium.backends.python.errors import TritonModelException
@@ -30,8 +30,30 @@ if TYPE_CHECKING:
     from tritium.backends.python.request import InferenceRequest
 
 
+class RemoteBls(Protocol):
+    """BLS as an instance process runs it: through its link to the server."""
+
+    def exec_blocking(self, request: InferenceRequest) -> InferenceResponse: ...
+
+    def exec_async(self, request: InferenceRequest) -> asyncio.Future[Any]: ...
+
+    def exec_decoupled(self, request: InferenceRequest) -> ResponseIterator: ...
+
+
+# Set in an instance process (tritium.execution.process), which has no service of its own.
+_remote: RemoteBls | None = None
+
+
+def install_remote(remote: RemoteBls | None) -> None:
+    global _remote
+    _remote = remote
+
+
 def exec_blocking(request: InferenceRequest) -> InferenceResponse:
     """``request.exec()``: wait on the calling thread for the child's one response."""
+    if _remote is not None:
+        _check_phase()
+        return _remote.exec_blocking(request)
     service, child, cancellation = _start(request)
     if _running_loop() is service.loop:
         cancellation.detach()
@@ -47,6 +69,9 @@ def exec_async(request: InferenceRequest) -> asyncio.Future[Any]:
     Cancelling the returned future cancels the child request.
     """
     caller_loop = asyncio.get_running_loop()
+    if _remote is not None:
+        _check_phase()
+        return _remote.exec_async(request)
     service, child, cancellation = _start(request)
     future = asyncio.run_coroutine_threadsafe(
         _run_single(service, child, cancellation), service.loop)
@@ -55,9 +80,12 @@ def exec_async(request: InferenceRequest) -> asyncio.Future[Any]:
 
 def exec_decoupled(request: InferenceRequest) -> ResponseIterator:
     """``request.exec(decoupled=True)``: responses arrive on an iterator as they come."""
+    if _remote is not None:
+        _check_phase()
+        return _remote.exec_decoupled(request)
     service, child, cancellation = _start(request)
     sink = ResponseBuffer()
-    asyncio.run_coroutine_threadsafe(_pump(service, child, cancellation, sink), service.loop)
+    asyncio.run_coroutine_threadsafe(pump(service, child, cancellation, sink), service.loop)
     return ResponseIterator(cancellation, sink)
 
 
@@ -115,6 +143,18 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+class ResponseSource(Protocol):
+    """Where a ResponseIterator takes a child's responses from (one reader at a time)."""
+
+    def get(self) -> CoreResponse: ...
+
+    async def wait_nonempty(self) -> None: ...
+
+
+class Cancellable(Protocol):
+    def cancel(self, reason: CancelReason) -> bool: ...
+
+
 class ResponseIterator:
     """The responses of a decoupled BLS call, ending after the FINAL one.
 
@@ -123,7 +163,7 @@ class ResponseIterator:
     blocking ``for``, ``async for`` awaits each response without blocking the loop.
     """
 
-    def __init__(self, cancellation: Cancellation, sink: ResponseBuffer):
+    def __init__(self, cancellation: Cancellable, sink: ResponseSource):
         self._cancellation = cancellation
         self._sink = sink
         self._seen: list[InferenceResponse] = []
@@ -181,11 +221,15 @@ class ResponseIterator:
             self._cancellation.cancel(CancelReason.CLIENT_CANCELLED)
 
 
-def _start(request: InferenceRequest) -> tuple[InferenceService, CoreRequest, Cancellation]:
+def _check_phase() -> None:
     phase = scope.current_phase()
     if phase is not None and phase is not scope.Phase.EXECUTE:
         # Triton's stub refuses BLS until initialize() has returned and once finalizing.
         raise TritonModelException("BLS is only supported during the 'execute' function.")
+
+
+def _start(request: InferenceRequest) -> tuple[InferenceService, CoreRequest, Cancellation]:
+    _check_phase()
     service = scope.current_service()
     if service is None:
         raise TritonModelException("BLS requests need a running tritium server")
@@ -221,11 +265,18 @@ def child_request(request: InferenceRequest) -> CoreRequest:
 async def _run_single(
     service: InferenceService, child: CoreRequest, cancellation: Cancellation
 ) -> InferenceResponse:
+    return from_core(await run_child(service, child, cancellation))
+
+
+async def run_child(
+    service: InferenceService, child: CoreRequest, cancellation: Cancellation
+) -> CoreResponse:
+    """The one response of a non-decoupled child (an error response when it failed)."""
     try:
         stream = _submit(service, child, cancellation, allow_decoupled=False)
         return await _collect_single(stream)
     except TritiumError as exc:
-        return from_core(CoreResponse.failure(exc))
+        return CoreResponse.failure(exc)
     except asyncio.CancelledError:
         cancellation.cancel(CancelReason.CLIENT_CANCELLED)
         raise
@@ -233,25 +284,30 @@ async def _run_single(
         cancellation.detach()
 
 
-async def _collect_single(stream: ResponseStream) -> InferenceResponse:
+async def _collect_single(stream: ResponseStream) -> CoreResponse:
     result: CoreResponse | None = None
     async for response in stream:
         if response.error is not None:
-            return from_core(response)
+            return response
         if not response.flag_only:
             result = response
     if result is None:
         empty = TritiumError(ErrorCode.INTERNAL, "Unexpected empty response.")
-        return from_core(CoreResponse.failure(empty))
-    return from_core(result)
+        return CoreResponse.failure(empty)
+    return result
 
 
-async def _pump(
+class ResponseSink(Protocol):
+    def put(self, response: CoreResponse) -> None: ...
+
+
+async def pump(
     service: InferenceService,
     child: CoreRequest,
     cancellation: Cancellation,
-    sink: ResponseBuffer,
+    sink: ResponseSink,
 ) -> None:
+    """Run a decoupled child, putting each of its responses into ``sink`` as it comes."""
     try:
         stream = _submit(service, child, cancellation, allow_decoupled=True)
         async for response in stream:

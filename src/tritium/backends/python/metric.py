@@ -22,7 +22,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from tritium.backends.python.errors import TritonModelException
 from tritium.backends.python.text import as_text
@@ -132,6 +132,18 @@ class _Series:
         # Per bucket, not cumulative; the last one is +Inf.
         self.bucket_counts = [0] * (len(bounds) + 1)
 
+    def add(self, value: float) -> None:
+        with self.lock:
+            self.value += value
+
+    def set(self, value: float) -> None:
+        with self.lock:
+            self.value = value
+
+    def get(self) -> float:
+        with self.lock:
+            return self.value
+
     def observe(self, value: float) -> None:
         # "le" buckets: a value equal to a bound belongs to that bound's bucket.
         index = len(self.bounds) if math.isnan(value) else bisect.bisect_left(self.bounds, value)
@@ -152,12 +164,47 @@ class _Series:
         return SeriesSnapshot(dict(self.labels), value, count, tuple(cumulative))
 
 
+class Series(Protocol):
+    """The values behind Metric handles: here, or in the server (an instance process)."""
+
+    kind: MetricKind
+    labels: dict[str, str]
+
+    def add(self, value: float) -> None: ...
+
+    def set(self, value: float) -> None: ...
+
+    def get(self) -> float: ...
+
+    def observe(self, value: float) -> None: ...
+
+    def snapshot(self) -> SeriesSnapshot: ...
+
+
+class Family(Protocol):
+    """What every MetricFamily object of one name shares."""
+
+    name: str
+    description: str
+    kind: MetricKind
+
+    def get_series(self, labels: dict[str, str], bounds: tuple[float, ...]) -> Series: ...
+
+    def snapshot(self) -> FamilySnapshot: ...
+
+
+class RemoteFamilies(Protocol):
+    """The server's registry as an instance process reaches it."""
+
+    def family(self, name: str, description: str, kind: MetricKind) -> Family: ...
+
+
 class Metric:
     """A handle on one labelled series of a family."""
 
     __slots__ = ("__weakref__", "_cleared", "_series", "buckets", "kind", "labels")
 
-    def __init__(self, series: _Series, buckets: list[float] | None):
+    def __init__(self, series: Series, buckets: list[float] | None):
         self._series = series
         self._cleared = False
         self.kind = series.kind
@@ -177,14 +224,12 @@ class Metric:
                     lambda kind: kind is not MetricKind.HISTOGRAM)
         if self.kind is MetricKind.COUNTER and value < 0:
             raise _refused(messages.METRIC_INCREMENT, messages.METRIC_NEGATIVE_INCREMENT)
-        with self._series.lock:
-            self._series.value += value
+        self._series.add(value)
 
     def set(self, value: float) -> None:
         value = _as_double(value)
         self._check(messages.METRIC_SET, "Set", lambda kind: kind is MetricKind.GAUGE)
-        with self._series.lock:
-            self._series.value = value
+        self._series.set(value)
 
     def observe(self, value: float) -> None:
         value = _as_double(value)
@@ -195,8 +240,7 @@ class Metric:
     def value(self) -> float:
         self._check(messages.METRIC_VALUE, "Value",
                     lambda kind: kind is not MetricKind.HISTOGRAM)
-        with self._series.lock:
-            return self._series.value
+        return self._series.get()
 
     def snapshot(self) -> SeriesSnapshot:
         return self._series.snapshot()
@@ -256,12 +300,24 @@ class MetricFamily:
         kind = _kind(kind)
         if not _METRIC_NAME.fullmatch(name):
             raise _refused(messages.METRIC_CREATE_FAMILY, messages.METRIC_INVALID_NAME)
-        with self._registry_lock:
-            family = self._registry.setdefault(name, RegisteredFamily(name, description, kind))
+        family = self.register(name, description, kind)
         if family.kind is not kind:
             raise _refused(messages.METRIC_CREATE_FAMILY, messages.METRIC_OTHER_KIND)
-        self._family = family
+        self._family: Family = family
         self.name, self.description, self.kind = name, family.description, kind
+
+    @classmethod
+    def register(cls, name: str, description: str, kind: MetricKind) -> Family:
+        """The family registered under ``name``, registered now if it is new."""
+        if _remote is not None:
+            return _remote.family(name, description, kind)
+        return cls.register_here(name, description, kind)
+
+    @classmethod
+    def register_here(cls, name: str, description: str, kind: MetricKind) -> RegisteredFamily:
+        """``register`` in this process's registry, the one the metrics endpoint reads."""
+        with cls._registry_lock:
+            return cls._registry.setdefault(name, RegisteredFamily(name, description, kind))
 
     def __del__(self) -> None:
         # Triton's stub clears the metrics a family created when the family goes away.
@@ -297,3 +353,12 @@ class MetricFamily:
         return [family.snapshot() for family in cls.families()]
 
 
+
+
+# Set in an instance process (tritium.execution.process): its families live in the server.
+_remote: RemoteFamilies | None = None
+
+
+def install_remote(remote: RemoteFamilies | None) -> None:
+    global _remote
+    _remote = remote

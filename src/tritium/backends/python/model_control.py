@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from tritium.backends.python import scope
 from tritium.backends.python.errors import TritonModelException
@@ -26,6 +26,26 @@ _UNLOAD_FAILED = "Failed to unload model: "
 _READINESS_FAILED = "Failed to check model readiness: "
 
 
+class RemoteControl(Protocol):
+    """Model control as an instance process reaches it: through its link to the server.
+    Each raises TritiumError as the server's own calls do."""
+
+    def load_model(self, name: str, parameters: dict[str, Any]) -> None: ...
+
+    def unload_model(self, name: str) -> None: ...
+
+    def is_model_ready(self, name: str, version: int | None) -> bool: ...
+
+
+# Set in an instance process (tritium.execution.process), which has no service of its own.
+_remote: RemoteControl | None = None
+
+
+def install_remote(remote: RemoteControl | None) -> None:
+    global _remote
+    _remote = remote
+
+
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
     """Load (or reload) ``model_name``, optionally with a JSON config and override files."""
     name = _text("model_name", model_name)
@@ -34,6 +54,10 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
         parameters["config"] = config
     if files is not None:
         parameters.update(_file_parameters(name, files))
+    if _remote is not None:
+        _check_phase(_LOAD_FAILED)
+        _remote_call(_LOAD_FAILED, _remote.load_model, name, parameters)
+        return
     service = _service(_LOAD_FAILED)
     _wait(service, service.load_model(name, parameters), _LOAD_FAILED)
 
@@ -43,6 +67,10 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     name = _text("model_name", model_name)
     if not isinstance(unload_dependents, bool):
         raise TypeError("unload_dependents must be a bool")
+    if _remote is not None:
+        _check_phase(_UNLOAD_FAILED)
+        _remote_call(_UNLOAD_FAILED, _remote.unload_model, name)
+        return
     service = _service(_UNLOAD_FAILED)
     # Triton's "dependents" of an ensemble are its composing models loaded only for it.
     parameters = {"unload_dependents": True} if unload_dependents else {}
@@ -56,6 +84,9 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """
     name = _text("model_name", model_name)
     version = _version(_text("model_version", model_version))
+    if _remote is not None:
+        _check_phase(_READINESS_FAILED)
+        return bool(_remote_call(_READINESS_FAILED, _remote.is_model_ready, name, version))
     service = _service(_READINESS_FAILED)
     try:
         return service.model(name, version).is_ready()
@@ -100,12 +131,23 @@ def _version(text: str) -> int | None:
     return version
 
 
-def _service(prefix: str) -> InferenceService:
+def _check_phase(prefix: str) -> None:
     if scope.current_phase() in (scope.Phase.AUTO_COMPLETE, scope.Phase.FINALIZE):
         raise TritonModelException(
             f"{prefix}the model loading API is not supported during the "
             "'auto_complete_config' and 'finalize' functions"
         )
+
+
+def _remote_call(prefix: str, function: Any, *args: Any) -> Any:
+    try:
+        return function(*args)
+    except TritiumError as exc:
+        raise TritonModelException(prefix + exc.message) from None
+
+
+def _service(prefix: str) -> InferenceService:
+    _check_phase(prefix)
     service = scope.current_service()
     if service is None:
         raise TritonModelException(f"{prefix}the model loading API needs a running server")

@@ -1,0 +1,79 @@
+"""Calls model code in an instance process makes back into the server: their kinds, the
+handlers that serve them on the server loop, and the proxies the child installs.
+
+The child reaches the server only through its link to the parent (``channel.child_link()``):
+BLS, custom metrics, ``pb_utils.Logger`` and the model loading API become calls of a kind
+named here, served by the parent with the same code the thread kind runs in process, so a
+model behaves the same under both kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+from tritium.core.cancellation import Cancellation
+from tritium.core.request import AdmittedRequest
+
+Reply = tuple[Any, list[memoryview], bool]  # (payload, buffers, final)
+Result = tuple[Any, list[memoryview]]  # the final reply's payload and buffers
+
+
+class Call(Protocol):
+    """One call the child made: its replies, read blocking or on an asyncio loop."""
+
+    def replies(self) -> Iterator[Reply]: ...
+
+    def result(self) -> Result: ...
+
+    def cancel(self) -> None: ...
+
+    def async_replies(self) -> AsyncIterator[Reply]: ...
+
+    async def async_result(self) -> Result: ...
+
+
+class ChildLink(Protocol):
+    """The child's end of its channel to the parent (thread-safe)."""
+
+    def call(self, kind: str, payload: object, buffers: Sequence[memoryview] = ()) -> Call: ...
+
+
+class CallContext(Protocol):
+    """What a parent-side handler gets besides the call's payload and buffers."""
+
+    @property
+    def cancellation(self) -> Cancellation: ...
+
+    @property
+    def instance(self) -> Any: ...
+
+    @property
+    def parents(self) -> Sequence[AdmittedRequest]: ...
+
+    def reply(self, payload: object, buffers: Sequence[memoryview] = (),
+              final: bool = False) -> None: ...
+
+
+Handler = Callable[[CallContext, Any, list[memoryview]], Awaitable[None]]
+
+
+def _handlers() -> dict[str, Handler]:
+    # Imported here: the handler modules name these types, and this module names them.
+    from tritium.execution.process import bls, control, logger, metrics
+
+    return {**bls.HANDLERS, **metrics.HANDLERS, **logger.HANDLERS, **control.HANDLERS}
+
+
+HANDLERS: dict[str, Handler] = _handlers()
+
+
+def install_child(link: ChildLink) -> None:
+    """In the instance process, before model code is imported: route what model code asks
+    of the server through ``link``."""
+    from tritium.execution.process import bls, control, logger, metrics
+
+    bls.install(link)
+    metrics.install(link)
+    logger.install(link)
+    control.install(link)

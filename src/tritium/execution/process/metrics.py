@@ -1,0 +1,136 @@
+"""Custom metrics of a model in an instance process, kept in the server's registry.
+
+Families and series live in the parent, in the registry /metrics reads, so instances of
+one model (each its own process) share a series as thread instances do, and a series'
+value is the server's. The child checks arguments itself (the same code as the thread
+kind) and sends the operations; each waits for the server, as Triton's stub waits for its
+parent, so ``value()`` reads what was written before it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tritium.backends.python import metric
+from tritium.backends.python.metric import FamilySnapshot, MetricFamily, MetricKind, SeriesSnapshot
+from tritium.core.errors import ErrorCode, TritiumError
+
+if TYPE_CHECKING:
+    from tritium.execution.process.calls import CallContext, ChildLink, Handler
+
+FAMILY = "metric.family"
+SERIES = "metric.series"
+UPDATE = "metric.update"
+SNAPSHOT = "metric.snapshot"
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+# -- in the server -------------------------------------------------------------------
+
+
+def _registered(name: str) -> metric.RegisteredFamily:
+    with MetricFamily._registry_lock:
+        family = MetricFamily._registry.get(name)
+    if family is None:
+        raise TritiumError(ErrorCode.INTERNAL, f"no metric family named '{name}'")
+    return family
+
+
+async def serve_family(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
+    name, description, kind = payload
+    family = MetricFamily.register_here(name, description, MetricKind(kind))
+    ctx.reply((int(family.kind), family.description), final=True)
+
+
+async def serve_series(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
+    name, labels, bounds = payload
+    _registered(name).get_series(dict(labels), tuple(bounds))
+    ctx.reply(None, final=True)
+
+
+async def serve_update(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
+    name, key, operation, value = payload
+    series = _registered(name).series[key]
+    if operation == "add":
+        series.add(value)
+    elif operation == "set":
+        series.set(value)
+    elif operation == "observe":
+        series.observe(value)
+    ctx.reply(series.get() if operation == "get" else None, final=True)
+
+
+async def serve_snapshot(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
+    name, key = payload
+    family = _registered(name)
+    if key is None:
+        ctx.reply(family.snapshot(), final=True)
+    else:
+        ctx.reply(family.series[key].snapshot(), final=True)
+
+
+HANDLERS: dict[str, Handler] = {
+    FAMILY: serve_family, SERIES: serve_series, UPDATE: serve_update, SNAPSHOT: serve_snapshot,
+}
+
+
+# -- in the instance process -----------------------------------------------------------
+
+
+class RemoteSeries:
+    """A series of the server's registry, named by its family and labels."""
+
+    def __init__(self, link: ChildLink, family: str, kind: MetricKind, labels: dict[str, str]):
+        self.kind = kind
+        self.labels = labels
+        self._link = link
+        self._name = family
+        self._key: LabelKey = tuple(sorted(labels.items()))
+
+    def _update(self, operation: str, value: float = 0.0) -> Any:
+        payload, _ = self._link.call(UPDATE, (self._name, self._key, operation, value)).result()
+        return payload
+
+    def add(self, value: float) -> None:
+        self._update("add", value)
+
+    def set(self, value: float) -> None:
+        self._update("set", value)
+
+    def get(self) -> float:
+        return float(self._update("get"))
+
+    def observe(self, value: float) -> None:
+        self._update("observe", value)
+
+    def snapshot(self) -> SeriesSnapshot:
+        result: SeriesSnapshot = self._link.call(SNAPSHOT, (self._name, self._key)).result()[0]
+        return result
+
+
+class RemoteFamily:
+    def __init__(self, link: ChildLink, name: str, description: str, kind: MetricKind):
+        self.name, self.description, self.kind = name, description, kind
+        self._link = link
+
+    def get_series(self, labels: dict[str, str], bounds: tuple[float, ...]) -> RemoteSeries:
+        self._link.call(SERIES, (self.name, sorted(labels.items()), list(bounds))).result()
+        return RemoteSeries(self._link, self.name, self.kind, labels)
+
+    def snapshot(self) -> FamilySnapshot:
+        result: FamilySnapshot = self._link.call(SNAPSHOT, (self.name, None)).result()[0]
+        return result
+
+
+class RemoteFamilies:
+    def __init__(self, link: ChildLink):
+        self._link = link
+
+    def family(self, name: str, description: str, kind: MetricKind) -> RemoteFamily:
+        registered, text = self._link.call(FAMILY, (name, description, int(kind))).result()[0]
+        return RemoteFamily(self._link, name, text, MetricKind(registered))
+
+
+def install(link: ChildLink) -> None:
+    metric.install_remote(RemoteFamilies(link))
