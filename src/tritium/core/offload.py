@@ -31,13 +31,28 @@ _initializer: Callable[[], None] | None = None
 
 
 def heavy(size: int) -> bool:
-    """Whether coding ``size`` bytes is worth a trip to a worker thread."""
+    """Whether coding ``size`` bytes is worth a trip to a worker thread (hot paths compare
+    with ``INLINE_BYTES`` themselves)."""
     return size > INLINE_BYTES
 
 
 def response_bytes(response: InferenceResponse) -> int:
     """About how many bytes encoding ``response`` touches (BYTES elements count 8 each)."""
-    return sum(tensor.data.nbytes for tensor in response.outputs)
+    size = 0
+    for tensor in response.outputs:
+        size += tensor.data.nbytes
+    return size
+
+
+def heavy_response(response: InferenceResponse) -> bool:
+    """Whether encoding ``response`` is worth a trip to a worker thread; stops adding up
+    sizes at the first that decides it."""
+    size = 0
+    for tensor in response.outputs:
+        size += tensor.data.nbytes
+        if size > INLINE_BYTES:
+            return True
+    return False
 
 
 def set_thread_initializer(initializer: Callable[[], None] | None) -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tritium.core.cancellation import Cancellation
 from tritium.core.response import ResponseStream
@@ -16,6 +17,9 @@ ParamValue = str | int | float | bool
 # Request flags, numbered as Triton numbers them.
 SEQUENCE_START = 1
 SEQUENCE_END = 2
+# TRITONSERVER_RequestReleaseFlag: how a model lets go of a request it executed.
+RELEASE_ALL = 1
+RELEASE_RESCHEDULE = 2  # run it again (iterative sequences): it goes back to the queue
 
 
 class RequestStage(enum.Enum):
@@ -32,11 +36,12 @@ class RequestStage(enum.Enum):
 
 
 # Every legal move; anything else is a scheduling bug. DONE is final: a request that
-# left the queue cancelled or finished executing never runs again.
+# left the queue cancelled or finished executing never runs again. EXECUTING -> QUEUED is
+# a request its model released with RELEASE_RESCHEDULE.
 _MOVES: dict[RequestStage, frozenset[RequestStage]] = {
     RequestStage.CREATED: frozenset({RequestStage.QUEUED}),
     RequestStage.QUEUED: frozenset({RequestStage.EXECUTING, RequestStage.DONE}),
-    RequestStage.EXECUTING: frozenset({RequestStage.DONE}),
+    RequestStage.EXECUTING: frozenset({RequestStage.QUEUED, RequestStage.DONE}),
     RequestStage.DONE: frozenset(),
 }
 
@@ -71,6 +76,9 @@ class InferenceRequest:
     timeout_us: int = 0
     # Opaque slot a frontend may use to keep its own per-request state.
     frontend_state: Any = None
+    # The model handle a frontend ran ``validation.check_input`` on for every input; the
+    # core then skips those checks for that handle (and only for it).
+    checked_for: Any = None
 
     def requested_output_names(self) -> list[str] | None:
         if self.requested_outputs is None:
@@ -88,7 +96,8 @@ class AdmittedRequest:
     Made by ``InferenceService.submit``. ``stage`` changes only through ``move_to``.
     """
 
-    __slots__ = ("_stage", "arrival_ns", "batch_size", "cancellation", "request", "stream")
+    __slots__ = ("_stage", "arrival_ns", "batch_size", "cancellation", "release_flags",
+                 "request", "stream")
 
     def __init__(self, request: InferenceRequest, cancellation: Cancellation,
                  stream: ResponseStream, batch_size: int = 1, arrival_ns: int | None = None):
@@ -99,10 +108,16 @@ class AdmittedRequest:
         self.batch_size = batch_size  # the first dimension, when the model batches
         self.arrival_ns = time.monotonic_ns() if arrival_ns is None else arrival_ns
         self._stage = RequestStage.CREATED
+        # Set by the model during execute (``set_release_flags``); read when it returns.
+        self.release_flags = RELEASE_ALL
 
-    @property
-    def stage(self) -> RequestStage:
-        return self._stage
+    if TYPE_CHECKING:
+        @property
+        def stage(self) -> RequestStage:
+            """Where the request is now."""
+    else:
+        # Read-only, and read on every scheduling step: a C getter costs no Python call.
+        stage = property(operator.attrgetter("_stage"), doc="Where the request is now.")
 
     def move_to(self, stage: RequestStage) -> None:
         """The one place a stage changes; raises StageError for a move not in the table."""

@@ -164,10 +164,13 @@ class InferenceService:
 
     # -- inference -------------------------------------------------------------
     def submit(self, request: InferenceRequest, cancellation: Cancellation,
-               allow_decoupled: bool = True, internal: bool = False) -> ResponseStream:
+               allow_decoupled: bool = True, internal: bool = False,
+               model: ModelHandle | None = None) -> ResponseStream:
         """Validate and admit ``request``, cancelled through the caller's ``cancellation``
         (made for this service's loop); its responses arrive on the returned stream.
         ``internal``: made by a model (BLS), not a client, so admitted while draining.
+        ``model``: the handle the caller resolved for this request in the same step of the
+        loop (no await since), so nothing can have swapped it; without it, it is resolved.
 
         The cancellation is this request's: once the request finished or was refused, it
         stops following its parents (``Cancellation.detach``), so a long-lived parent
@@ -181,19 +184,22 @@ class InferenceService:
                 ErrorCode.INTERNAL, "a request's cancellation must be made for the server's loop"
             )
         try:
-            return self._admit(request, cancellation, allow_decoupled, internal)
+            return self._admit(request, cancellation, allow_decoupled, internal, model)
         except BaseException:
             cancellation.detach()
             raise
 
     def _admit(self, request: InferenceRequest, cancellation: Cancellation,
-               allow_decoupled: bool, internal: bool) -> ResponseStream:
+               allow_decoupled: bool, internal: bool, model: ModelHandle | None
+               ) -> ResponseStream:
         # A BLS child of a request that is still draining must be able to finish it.
         if not self.accepting and not internal:
             raise TritiumError(
                 ErrorCode.UNAVAILABLE, "Server is shutting down and not accepting new requests"
             )
-        model = self.repository.resolve(request.model_name, request.model_version)
+        if model is None or model.name != request.model_name or (
+                request.model_version is not None and request.model_version != model.version):
+            model = self.repository.resolve(request.model_name, request.model_version)
         if model.decoupled and not allow_decoupled:
             raise TritiumError(
                 ErrorCode.UNSUPPORTED,
@@ -264,10 +270,11 @@ class InferenceService:
             request.cancellation.cancel(reason)
         return len(requests)
 
-    async def infer(self, request: InferenceRequest, cancellation: Cancellation
-                    ) -> InferenceResponse:
-        """One request, one response, for models that are not decoupled."""
-        stream = self.submit(request, cancellation, allow_decoupled=False)
+    async def infer(self, request: InferenceRequest, cancellation: Cancellation,
+                    model: ModelHandle | None = None) -> InferenceResponse:
+        """One request, one response, for models that are not decoupled (``model``: as
+        for ``submit``)."""
+        stream = self.submit(request, cancellation, allow_decoupled=False, model=model)
         return await _single_response(stream, messages.INFER_ONE_RESPONSE)
 
     async def generate(self, request: InferenceRequest, cancellation: Cancellation

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from tritium.core import messages
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
-from tritium.core.types import DataType, Tensor, TensorSpec
+from tritium.core.types import DataType, TensorSpec
 
 MAX_DIMS = 64  # Triton's bound on a tensor's rank
 # numpy refuses arrays whose elements (8 bytes for BYTES' object pointers) pass its index range.
@@ -18,75 +20,112 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
 
     On success returns the request's batch size (1 when the model does not batch);
     reshaped inputs then carry the shape the model's configuration asks it to see.
+
+    Inputs a frontend already ran ``check_input`` on for this very handle
+    (``request.checked_for is model``) are not checked a second time; a request checked
+    against another handle (a reload swapped versions meanwhile) is checked in full.
     """
-    prefix = f"[request id: {request.describe()}] "
+    inputs = request.inputs
+    specs = model.inputs
     batched = model.max_batch_size > 0
-    for name, tensor in request.inputs.items():
-        spec = model.inputs.get(name)
-        if spec is None:
-            raise invalid(f"{prefix}unexpected inference input '{name}' for model '{model.name}'")
-        _check_tensor(prefix, model.name, spec, tensor, batched)
-    missing = [spec.name for spec in model.inputs.values()
-               if spec.name not in request.inputs and not spec.optional]
-    if missing:
-        raise invalid(prefix + _missing_inputs(model, list(request.inputs), missing))
-    batch_size = _batch_size(prefix, request, model) if batched else 1
+    if request.checked_for is not model:
+        for name, tensor in inputs.items():
+            spec = specs.get(name)
+            if spec is None:
+                raise invalid(f"{_prefix(request.id)}unexpected inference input '{name}' for "
+                              f"model '{model.name}'")
+            misfit = _misfit(model.name, spec, name, tensor.datatype, tensor.shape, batched)
+            if misfit is not None:
+                raise invalid(_prefix(request.id) + misfit)
+    # Every input given is one of the model's (checked just now, or by the frontend), so
+    # one can be missing only when fewer are given than the model declares.
+    if len(inputs) < len(specs):
+        missing = [spec.name for spec in specs.values()
+                   if spec.name not in inputs and not spec.optional]
+        if missing:
+            raise invalid(_prefix(request.id) + _missing_inputs(model, list(inputs), missing))
+    batch_size = _batch_size(request, model) if batched else 1
     if request.requested_outputs is not None:
+        outputs = model.outputs
         for output in request.requested_outputs:
-            if output.name not in model.outputs:
+            if output.name not in outputs:
                 raise invalid(
-                    f"{prefix}unexpected inference output '{output.name}' for model "
-                    f"'{model.name}'"
+                    f"{_prefix(request.id)}unexpected inference output '{output.name}' for "
+                    f"model '{model.name}'"
                 )
     _apply_reshapes(request, model, batched)
     return batch_size
 
 
-def element_count(name: str, shape: tuple[int, ...], prefix: str = "") -> int:
+def element_count(name: str, shape: tuple[int, ...], request_id: str | None = None) -> int:
     """The elements ``shape`` holds; INVALID_ARG for a shape no tensor can have (too many
-    dimensions, or more elements than an array can index), before any data is read."""
+    dimensions, or more elements than an array can index), before any data is read.
+    ``request_id`` (when given) names the request in the message."""
     if len(shape) > MAX_DIMS:
         raise invalid(
-            f"{prefix}input '{name}' has {len(shape)} dimensions, more than the {MAX_DIMS} "
-            "allowed"
+            f"{_prefix(request_id)}input '{name}' has {len(shape)} dimensions, more than the "
+            f"{MAX_DIMS} allowed"
         )
-    count = extent = 1
-    for dim in shape:
-        count *= dim
-        extent *= max(dim, 1)
-    if extent > _MAX_EXTENT:
+    count = math.prod(shape)
+    # With a zero dimension the count says nothing of the others: (0, 2**61, 2**61) is
+    # still a shape numpy cannot make.
+    if count > _MAX_EXTENT or (not count and _extent(shape) > _MAX_EXTENT):
         raise invalid(
-            f"{prefix}input '{name}' has shape {list(shape)}, which holds more elements than "
-            "a tensor can"
+            f"{_prefix(request_id)}input '{name}' has shape {list(shape)}, which holds more "
+            "elements than a tensor can"
         )
     return count
 
 
+def _extent(shape: tuple[int, ...]) -> int:
+    extent = 1
+    for dim in shape:
+        extent *= max(dim, 1)
+    return extent
+
+
 def check_input(model: ModelHandle, name: str, datatype: DataType, shape: tuple[int, ...],
-                prefix: str) -> None:
+                request_id: str | None = None) -> None:
     """What ``validate_request`` checks of one input that needs none of its data: run by
-    the codecs before they decode any, so a request that cannot be served costs nothing."""
+    the codecs before they decode any, so a request that cannot be served costs nothing.
+    A request whose every input passed may say so (``InferenceRequest.checked_for``)."""
     spec = model.inputs.get(name)
     if spec is None:
-        raise invalid(f"{prefix}unexpected inference input '{name}' for model '{model.name}'")
-    batched = model.max_batch_size > 0
-    _check_fit(prefix, model.name, spec, name, datatype, shape, batched)
-    if batched and shape[0] > model.max_batch_size:
+        raise invalid(f"{_prefix(request_id)}unexpected inference input '{name}' for model "
+                      f"'{model.name}'")
+    max_batch_size = model.max_batch_size
+    misfit = _misfit(model.name, spec, name, datatype, shape, max_batch_size > 0)
+    if misfit is not None:
+        raise invalid(_prefix(request_id) + misfit)
+    if max_batch_size > 0 and shape[0] > max_batch_size:
         raise invalid(
-            f"{prefix}inference request batch-size must be <= {model.max_batch_size} "
+            f"{_prefix(request_id)}inference request batch-size must be <= {max_batch_size} "
             f"for '{model.name}'"
         )
 
 
-def _batch_size(prefix: str, request: InferenceRequest, model: ModelHandle) -> int:
-    sizes = {tensor.shape[0] for tensor in request.inputs.values()}
-    if len(sizes) > 1:
-        raise invalid(f"{prefix}inputs for model '{model.name}' must all have the same batch size")
-    size = sizes.pop() if sizes else 1
+def _prefix(request_id: str | None) -> str:
+    """How a message names its request; nothing when there is no request to name."""
+    if request_id is None:
+        return ""
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
+
+def _batch_size(request: InferenceRequest, model: ModelHandle) -> int:
+    inputs = request.inputs
+    if len(inputs) == 1:  # the usual case: nothing to compare
+        for tensor in inputs.values():
+            size = tensor.shape[0]
+    else:
+        sizes = {tensor.shape[0] for tensor in inputs.values()}
+        if len(sizes) > 1:
+            raise invalid(f"{_prefix(request.id)}inputs for model '{model.name}' must all have "
+                          "the same batch size")
+        size = sizes.pop() if sizes else 1
     if size > model.max_batch_size:
         raise invalid(
-            f"{prefix}inference request batch-size must be <= {model.max_batch_size} "
-            f"for '{model.name}'"
+            f"{_prefix(request.id)}inference request batch-size must be <= "
+            f"{model.max_batch_size} for '{model.name}'"
         )
     return size
 
@@ -105,27 +144,44 @@ def _missing_inputs(model: ModelHandle, given: list[str], missing: list[str]) ->
                                           given=quoted(given), missing=quoted(missing))
 
 
-def _check_tensor(prefix: str, model: str, spec: TensorSpec, tensor: Tensor, batched: bool) -> None:
-    _check_fit(prefix, model, spec, tensor.name, tensor.datatype, tensor.shape, batched)
+# For each configured ``dims``, the positions that are not -1 (few configs, many requests).
+_FIXED: dict[tuple[int, ...], tuple[int, ...]] = {}
+_FIXED_MAX = 4096
 
 
-def _check_fit(prefix: str, model: str, spec: TensorSpec, name: str, datatype: DataType,
-               shape: tuple[int, ...], batched: bool) -> None:
+def _fixed_positions(dims: tuple[int, ...]) -> tuple[int, ...]:
+    fixed = _FIXED.get(dims)
+    if fixed is None:
+        fixed = tuple(i for i, want in enumerate(dims) if want != -1)
+        if len(_FIXED) < _FIXED_MAX:
+            _FIXED[dims] = fixed
+    return fixed
+
+
+def _misfit(model: str, spec: TensorSpec, name: str, datatype: DataType,
+            shape: tuple[int, ...], batched: bool) -> str | None:
+    """Why an input of ``datatype`` and ``shape`` does not fit ``spec``; None if it does."""
     if datatype is not spec.datatype:
-        raise invalid(
-            f"{prefix}inference input '{name}' data-type is '{datatype.wire}', "
-            f"but model '{model}' expects '{spec.datatype.wire}'"
-        )
-    dims = shape[1:] if batched else shape
-    if batched and not shape:
-        raise invalid(f"{prefix}input '{name}' for model '{model}' has no batch dimension")
-    if len(dims) != len(spec.dims) or any(
-        want != -1 and want != got for want, got in zip(spec.dims, dims, strict=True)
-    ):
-        raise invalid(
-            f"{prefix}unexpected shape for input '{name}' for model '{model}'. "
-            f"Expected {_shape_text(spec.dims, batched)}, got {list(shape)}"
-        )
+        return (f"inference input '{name}' data-type is '{datatype.wire}', "
+                f"but model '{model}' expects '{spec.datatype.wire}'")
+    if batched:
+        if not shape:
+            return f"input '{name}' for model '{model}' has no batch dimension"
+        dims = shape[1:]
+    else:
+        dims = shape
+    want = spec.dims
+    if len(dims) == len(want):
+        fixed = _FIXED.get(want)
+        if fixed is None:
+            fixed = _fixed_positions(want)
+        for i in fixed:
+            if dims[i] != want[i]:
+                break
+        else:
+            return None
+    return (f"unexpected shape for input '{name}' for model '{model}'. "
+            f"Expected {_shape_text(want, batched)}, got {list(shape)}")
 
 
 def _shape_text(dims: tuple[int, ...], batched: bool) -> str:
@@ -133,8 +189,9 @@ def _shape_text(dims: tuple[int, ...], batched: bool) -> str:
 
 
 def _apply_reshapes(request: InferenceRequest, model: ModelHandle, batched: bool) -> None:
+    specs = model.inputs
     for name, tensor in request.inputs.items():
-        reshape = model.inputs[name].reshape
+        reshape = specs[name].reshape
         if reshape is None:
             continue
         shape = ((tensor.shape[0],) if batched else ()) + reshape

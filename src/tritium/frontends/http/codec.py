@@ -85,8 +85,12 @@ def decode_infer_request(
     planned = plan_inputs(doc, reader, request, max_input_size, model)
     reader.finish()
     request.requested_outputs = _decode_outputs(doc)
-    request.inputs = {plan.label.name: decode_input(plan, max_input_size) for plan in planned}
+    request_id = request.id or "<id_unknown>"
+    inputs = request.inputs
+    for plan in planned:
+        inputs[plan[0]] = decode_input(plan, model_name, request_id)
     request.frontend_state = options
+    request.checked_for = model  # every input passed check_input for it (see plan_inputs)
     return request
 
 
@@ -260,7 +264,13 @@ def encode_infer_response(
     The model version and, for classification, ``batched`` (whether the first dimension is
     the batch) and ``labels`` (each output's class labels) come from ``response.served_by``.
     """
-    return _assemble(*_encode(response, request))
+    header, spliced, blobs = _encode(response, request)
+    if spliced is not None:
+        return _assemble(header, spliced, blobs)
+    if blobs:
+        return [("Content-Type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(len(header)))], \
+            [header, *blobs]
+    return [("Content-Type", JSON_CONTENT_TYPE)], [header]
 
 
 def stream_infer_response(
@@ -271,14 +281,14 @@ def stream_infer_response(
     Not when binary outputs follow (their offset, the JSON's length, is needed up front),
     nor for BYTES (checked for UTF-8 only as they are written: too late for an error)."""
     header, spliced, blobs = _encode(response, request)
-    if spliced.empty or blobs or spliced.has_bytes:
+    if spliced is None or blobs or spliced.has_bytes:
         return _assemble(header, spliced, blobs)
     return [("Content-Type", JSON_CONTENT_TYPE)], spliced.join(header)
 
 
-def _assemble(header: bytes, spliced: _Spliced, blobs: list[Part]
+def _assemble(header: bytes, spliced: _Spliced | None, blobs: list[Part]
               ) -> tuple[list[tuple[str, str]], list[Part]]:
-    parts = [header] if spliced.empty else list(spliced.join(header))
+    parts = [header] if spliced is None else list(spliced.join(header))
     if blobs:
         size = sum(map(len, parts))
         headers = [("Content-Type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(size))]
@@ -289,14 +299,16 @@ def _assemble(header: bytes, spliced: _Spliced, blobs: list[Part]
 
 def _encode(
     response: InferenceResponse, request: InferenceRequest
-) -> tuple[bytes, _Spliced, list[Part]]:
+) -> tuple[bytes, _Spliced | None, list[Part]]:
+    """The JSON header, the big JSON outputs to splice into it (None: none; made only
+    when one is), and the binary blobs."""
     options = request.frontend_state
     if not isinstance(options, HttpOutputOptions):
         options = _JSON_OUTPUTS
     listed = _listed_outputs(request)
     served = response.served_by
     blobs: list[Part] = []
-    spliced = _Spliced()
+    spliced: _Spliced | None = None
     entries: list[dict[str, Any]] = []
     for tensor in response.outputs:
         classes: ParamValue = 0
@@ -311,7 +323,12 @@ def _encode(
         if type(classes) is int and classes > 0:
             tensor = classify(tensor, classes, served is not None and served.batched,
                               None if served is None else served.labels)
-        entries.append(_output_entry(tensor, binary, blobs, spliced))
+        entry = _output_entry(tensor, binary, blobs)
+        if entry is None:  # big JSON data: written apart, in slices
+            if spliced is None:
+                spliced = _Spliced()
+            entry = _spliced_entry(tensor, spliced)
+        entries.append(entry)
     return _dump_header(_response_header(response, request, entries)), spliced, blobs
 
 
@@ -359,10 +376,6 @@ class _Spliced:
         self._tensors: list[Tensor] = []
 
     @property
-    def empty(self) -> bool:
-        return not self._tensors
-
-    @property
     def has_bytes(self) -> bool:
         return any(tensor.datatype is DataType.BYTES for tensor in self._tensors)
 
@@ -385,29 +398,34 @@ class _Spliced:
         yield header[start:]
 
 
-def _output_entry(
-    tensor: Tensor, binary: bool, blobs: list[Part], spliced: _Spliced
-) -> dict[str, Any]:
-    if tensor.data.size != tensor.element_count:
-        raise TritiumError(
-            ErrorCode.INTERNAL,
-            f"output tensor shape does not match size of output for '{tensor.name}'",
-        )
-    entry: dict[str, Any] = {
-        "name": tensor.name,
-        "datatype": tensor.datatype.wire,
-        "shape": list(tensor.shape),
-    }
+def _output_entry(tensor: Tensor, binary: bool, blobs: list[Part]) -> dict[str, Any] | None:
+    """The output's entry in the JSON header (its binary data added to ``blobs``); None
+    for JSON data too big to write inline (see ``_spliced_entry``)."""
+    count = tensor.element_count
+    if tensor.data.size != count:
+        raise _output_size_error(tensor)
     if binary:
         blob = tensor_bytes(tensor)
-        entry["parameters"] = {"binary_data_size": len(blob)}
         if len(blob):
             blobs.append(blob)
-    elif tensor.element_count > SLICE:
-        entry["data"] = spliced.add(tensor)
-    else:
-        entry["data"] = json_values(tensor)
-    return entry
+        return {"name": tensor.name, "datatype": tensor.datatype.wire,
+                "shape": list(tensor.shape), "parameters": {"binary_data_size": len(blob)}}
+    if count > SLICE:
+        return None
+    return {"name": tensor.name, "datatype": tensor.datatype.wire, "shape": list(tensor.shape),
+            "data": json_values(tensor)}
+
+
+def _spliced_entry(tensor: Tensor, spliced: _Spliced) -> dict[str, Any]:
+    return {"name": tensor.name, "datatype": tensor.datatype.wire, "shape": list(tensor.shape),
+            "data": spliced.add(tensor)}
+
+
+def _output_size_error(tensor: Tensor) -> TritiumError:
+    return TritiumError(
+        ErrorCode.INTERNAL,
+        f"output tensor shape does not match size of output for '{tensor.name}'",
+    )
 
 
 # ---------------------------------------------------------------------------- errors

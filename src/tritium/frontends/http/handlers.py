@@ -16,7 +16,6 @@ from tritium.core.errors import TritiumError, invalid
 from tritium.core.header_forward import HeaderForward
 from tritium.core.model import ModelHandle, ModelMetadata
 from tritium.core.request import InferenceRequest
-from tritium.core.response import InferenceResponse
 from tritium.core.service import InferenceService
 from tritium.core.shared_memory import SharedMemoryRegistry
 from tritium.frontends.http import codec, compression, generate
@@ -156,26 +155,39 @@ class HttpApi:
         # costs nothing, however big.
         model = self.service.model(name, version)
         headers = exchange.request.headers
-        body = await self._unpacked_body(exchange)
+        if "content-encoding" in headers:
+            body = await self._unpacked_body(exchange)
+            resolved = None  # awaited: the repository may have changed since
+        else:
+            body = exchange.request.body
+            resolved = model
         header_length = _header_length(headers.get("inference-header-content-length"), len(body))
-        if offload.heavy(len(body)):
+        if len(body) > offload.INLINE_BYTES:
             request = await offload.run(self._decode_infer, body, header_length, model, version)
+            resolved = None
         else:
             request = self._decode_infer(body, header_length, model, version)
         if self.header_forward is not None:
             self.header_forward.apply(request, headers)
-        response = await self._run(exchange, request, self.service.infer)
-        if response is None:
-            return
+        try:
+            # ``resolved``: no await since the model was looked up, so it is still the one.
+            response = await self.service.infer(request, exchange.cancellation, resolved)
+        except TritiumError:
+            if exchange.disconnected:
+                return
+            raise
         accept = headers.get("accept-encoding")
-        if not offload.heavy(offload.response_bytes(response)):
-            exchange.respond(200, *_encode_infer(response, request, accept))
+        if not offload.heavy_response(response):
+            out_headers, parts = codec.encode_infer_response(response, request)
+            if accept is not None:
+                out_headers, parts = _compressed(out_headers, parts, accept)
+            exchange.respond(200, out_headers, parts)
             return
-        out_headers, parts = await offload.run(codec.stream_infer_response, response, request)
-        if isinstance(parts, list):
-            exchange.respond(200, *await offload.run(_compressed, out_headers, parts, accept))
+        out_headers, stream = await offload.run(codec.stream_infer_response, response, request)
+        if isinstance(stream, list):
+            exchange.respond(200, *await offload.run(_compressed, out_headers, stream, accept))
         else:
-            await _send_pieces(exchange, out_headers, parts)
+            await _send_pieces(exchange, out_headers, stream)
 
     def _decode_infer(self, body: bytes, header_length: int | None, model: ModelHandle,
                       version: int | None) -> InferenceRequest:
@@ -269,11 +281,6 @@ async def _coded(work: Callable[[], T], size: int) -> T:
     if offload.heavy(size):
         return await offload.run(work)
     return work()
-
-
-def _encode_infer(response: InferenceResponse, request: InferenceRequest,
-                  accept_encoding: str | None) -> tuple[list[tuple[str, str]], list[BodyPart]]:
-    return _compressed(*codec.encode_infer_response(response, request), accept_encoding)
 
 
 def _compressed(headers: list[tuple[str, str]], parts: list[BodyPart],

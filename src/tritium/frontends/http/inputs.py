@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-import math
-from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from tritium.core import messages
 from tritium.core.errors import TritiumError, invalid
@@ -63,16 +63,10 @@ class BinaryReader:
             raise invalid(f"unexpected additional input data for model '{self._model}'")
 
 
-@dataclass(slots=True)
-class PlannedInput:
-    """An input whose description passed every check; its data is not decoded yet."""
-
-    label: InputLabel
-    datatype: DataType
-    shape: tuple[int, ...]
-    count: int
-    chunk: Body | None  # binary data; None: JSON ``data``
-    data: Any = None
+# An input whose description passed every check, its data not decoded yet: name, datatype,
+# shape, element count, and either its binary chunk or (chunk None) its JSON ``data``. A
+# plain tuple: one is made per input of every request.
+PlannedInput = tuple[str, DataType, tuple[int, ...], int, "Body | None", Any]
 
 
 def plan_inputs(
@@ -82,74 +76,84 @@ def plan_inputs(
     limit: int,
     model: ModelHandle | None,
 ) -> list[PlannedInput]:
+    """Every input checked (against ``model`` too, when given), none of their data decoded."""
     items = doc.get("inputs")
     if type(items) is not list:
         raise invalid("Unable to parse 'inputs': expected a JSON array")
+    request_id = request.id or "<id_unknown>"
     planned: dict[str, PlannedInput] = {}
     for item in items:
-        plan = _plan_input(item, reader, request, limit, model)
-        if plan.label.name in planned:
+        plan = _plan_input(item, reader, request_id, request.model_name, limit, model)
+        if plan[0] in planned:
             raise invalid(
-                f"[request id: {request.describe()}] input '{plan.label.name}' already exists "
-                "in request"
+                f"[request id: {request_id}] input '{plan[0]}' already exists in request"
             )
-        planned[plan.label.name] = plan
+        planned[plan[0]] = plan
     return list(planned.values())
 
 
 def _plan_input(
     item: Any,
     reader: BinaryReader,
-    request: InferenceRequest,
+    request_id: str,
+    model_name: str,
     limit: int,
     model: ModelHandle | None,
 ) -> PlannedInput:
     if type(item) is not dict:
         raise invalid("Unable to parse 'inputs': each input must be a JSON object")
-    source, params = _input_source(item)
+    params = item.get("parameters", _NO_PARAMETERS)
+    if type(params) is not dict:
+        raise invalid("Unable to parse 'parameters': expected a JSON object")
+    found = ("data" in item, "binary_data_size" in params, "shared_memory_region" in params)
+    if found[0] + found[1] + found[2] != 1:
+        raise _source_error(found)
     name = item.get("name")
     if type(name) is not str:
         raise invalid("Unable to parse 'name': expected a string")
-    datatype = _datatype(item.get("datatype"), name)
+    wire = item.get("datatype")
+    datatype = DataType.from_wire(wire) if type(wire) is str else None
+    if datatype is None:
+        raise invalid(f"invalid datatype '{wire}' for input '{name}'")
     shape = _shape(item.get("shape"))
-    label = InputLabel(name, request.model_name, request.describe())
-    count = element_count(name, shape, label.prefix)
+    count = element_count(name, shape, request_id)
     if model is not None:
-        check_input(model, name, datatype, shape, label.prefix)
-    if source is _Source.BINARY:
+        check_input(model, name, datatype, shape, request_id)
+    if found[1]:
         size = params["binary_data_size"]
         if type(size) is not int or size < 0:
             raise invalid(messages.JSON_NOT_UNSIGNED.format(key="binary_data_size"))
         chunk = reader.take(name, size)
-        _check_binary_size(label, datatype, count, chunk)
-        return PlannedInput(label, datatype, shape, count, chunk)
-    if source is _Source.SHARED_MEMORY:
+        if datatype is not DataType.BYTES and len(chunk) != count * datatype.itemsize:
+            raise _binary_size_error(InputLabel(name, model_name, request_id), datatype, count,
+                                     chunk)
+        return (name, datatype, shape, count, chunk, None)
+    if found[2]:
         raise invalid(
             f"input '{name}' uses shared memory, which is not supported by this server; "
             "send its data in the request body"
         )
     data = item["data"]
     _check_json_size(name, datatype, count, data, limit)
-    return PlannedInput(label, datatype, shape, count, None, data)
+    return (name, datatype, shape, count, None, data)
 
 
-def decode_input(plan: PlannedInput, limit: int) -> Tensor:
-    if plan.chunk is not None:
-        label = plan.label
-        # Zero-copy for fixed-size types: the array is a view of the request body.
-        data = array_from_binary(plan.chunk, plan.datatype, plan.count, label.where, label.prefix)
-        return Tensor(label.name, plan.datatype, plan.shape, data.reshape(plan.shape))
-    return _tensor_from_json(plan.label.name, plan.datatype, plan.shape, plan.data, limit)
-
-
-def _input_source(item: dict[str, Any]) -> tuple[_Source, dict[str, Any]]:
-    params = item.get("parameters", _NO_PARAMETERS)
-    if type(params) is not dict:
-        raise invalid("Unable to parse 'parameters': expected a JSON object")
-    found = ("data" in item, "binary_data_size" in params, "shared_memory_region" in params)
-    if sum(found) != 1:
-        raise _source_error(found)
-    return _SOURCES[found.index(True)], params
+def decode_input(plan: PlannedInput, model_name: str, request_id: str) -> Tensor:
+    """The tensor of an input ``plan_inputs`` checked (sizes included)."""
+    name, datatype, shape, count, chunk, data = plan
+    if chunk is not None:
+        if datatype is DataType.BYTES:
+            array = array_from_binary(chunk, datatype, count,
+                                      f"for inference input '{name}' for model '{model_name}'",
+                                      f"[request id: {request_id}] ")
+        else:  # zero-copy: the array is a view of the request body
+            array = np.frombuffer(chunk, dtype=datatype.numpy)
+        return Tensor(name, datatype, shape, array.reshape(shape))
+    # Clients send flat data; nested data (rows first) is rare, so one probe decides.
+    flat = flatten_json(data) if data and type(data[0]) is list else data
+    if len(flat) != count:
+        raise _json_count_error()
+    return Tensor(name, datatype, shape, array_from_json(flat, datatype, name).reshape(shape))
 
 
 _NO_PARAMETERS: dict[str, Any] = {}
@@ -166,26 +170,27 @@ def _source_error(found: tuple[bool, bool, bool]) -> TritiumError:
     )
 
 
-def _datatype(value: Any, name: str) -> DataType:
-    datatype = DataType.from_wire(value) if type(value) is str else None
-    if datatype is None:
-        raise invalid(f"invalid datatype '{value}' for input '{name}'")
-    return datatype
-
-
 def _shape(value: Any) -> tuple[int, ...]:
-    if type(value) is not list or any(type(d) is not int or d < 0 for d in value):
-        raise invalid("Unable to parse 'shape': expected an array of unsigned integers")
-    return tuple(value)
+    if type(value) is list:
+        for dim in value:
+            if type(dim) is not int or dim < 0:
+                break
+        else:
+            return tuple(value)
+    raise invalid("Unable to parse 'shape': expected an array of unsigned integers")
 
 
 def _check_binary_size(label: InputLabel, datatype: DataType, count: int, chunk: Body) -> None:
-    expected = count * datatype.itemsize
-    if datatype is not DataType.BYTES and len(chunk) != expected:
-        raise invalid(
-            f"{label.prefix}input byte size mismatch for input '{label.name}' for model "
-            f"'{label.model}'. Expected {expected}, got {len(chunk)}"
-        )
+    if datatype is not DataType.BYTES and len(chunk) != count * datatype.itemsize:
+        raise _binary_size_error(label, datatype, count, chunk)
+
+
+def _binary_size_error(label: InputLabel, datatype: DataType, count: int, chunk: Body
+                       ) -> TritiumError:
+    return invalid(
+        f"{label.prefix}input byte size mismatch for input '{label.name}' for model "
+        f"'{label.model}'. Expected {count * datatype.itemsize}, got {len(chunk)}"
+    )
 
 
 def tensor_from_binary(
@@ -213,16 +218,3 @@ def _check_json_size(name: str, datatype: DataType, count: int, data: Any, limit
 
 def _json_count_error() -> TritiumError:
     return invalid("Unable to parse 'data': Shape does not match true shape of 'data' field")
-
-
-def _tensor_from_json(
-    name: str, datatype: DataType, shape: tuple[int, ...], data: Any, limit: int
-) -> Tensor:
-    count = math.prod(shape)
-    _check_json_size(name, datatype, count, data, limit)
-    # Clients send flat data; nested data (rows first) is rare, so one probe decides.
-    flat = flatten_json(data) if data and type(data[0]) is list else data
-    if len(flat) != count:
-        raise _json_count_error()
-    array = array_from_json(flat, datatype, name)
-    return Tensor(name, datatype, shape, array.reshape(shape))

@@ -66,23 +66,19 @@ _JSON_ELEMENT_TYPES: dict[DataType, frozenset[type]] = {
 def array_from_json(flat: list[Any], datatype: DataType, name: str) -> np.ndarray:
     """A 1-D array of ``datatype`` from JSON scalars, refusing values of the wrong JSON type.
 
-    A long list is converted a slice at a time (see ``core.offload``)."""
+    A long list is converted a slice at a time (see ``core.offload``), each by this function."""
     allowed = _JSON_ELEMENT_TYPES.get(datatype)
     if allowed is None:
         raise invalid(
             f"receiving {datatype.wire} data via JSON is not supported. Please use the binary "
             f"data format for input {name}"
         )
-    if len(flat) <= SLICE:
-        return _convert(flat, datatype, name, allowed)
-    out = np.empty(len(flat), dtype=datatype.numpy)
-    for start in range(0, len(flat), SLICE):
-        out[start : start + SLICE] = _convert(flat[start : start + SLICE], datatype, name, allowed)
-    return out
-
-
-def _convert(flat: list[Any], datatype: DataType, name: str, allowed: frozenset[type]
-             ) -> np.ndarray:
+    if len(flat) > SLICE:
+        out = np.empty(len(flat), dtype=datatype.numpy)
+        for start in range(0, len(flat), SLICE):
+            out[start : start + SLICE] = array_from_json(flat[start : start + SLICE], datatype,
+                                                         name)
+        return out
     found = set(map(type, flat))
     if not found <= allowed:
         bad = sorted(t.__name__ for t in found - allowed)
@@ -107,7 +103,8 @@ def json_values(tensor: Tensor) -> list[Any]:
     """The tensor's elements as a flat JSON array (BYTES as UTF-8 text)."""
     if tensor.datatype is DataType.BYTES:
         return [_text(tensor.name, element) for element in bytes_elements(tensor.data)]
-    refuse_half_floats(tensor.datatype)
+    if tensor.datatype is DataType.FP16 or tensor.datatype is DataType.BF16:
+        refuse_half_floats(tensor.datatype)
     return wire_array(tensor).reshape(-1).tolist()
 
 
