@@ -57,8 +57,11 @@ PENDING = "nv_inference_pending_request_count"
 LOAD_TIME = "nv_model_load_duration_secs"
 CANCELLATIONS = "tritium_inference_cancellation"
 STOP_DELAY = "tritium_cancellation_stop_delay_ms"
+# Triton has no such family (its stubs are not restarted); tritium's own, in its style.
+RESTARTS = "tritium_model_instance_restarts"
 BUILTIN_NAMES = frozenset(
-    [name for name, _, _ in COUNTERS] + [FAILURES, PENDING, LOAD_TIME, CANCELLATIONS, STOP_DELAY]
+    [name for name, _, _ in COUNTERS]
+    + [FAILURES, PENDING, LOAD_TIME, CANCELLATIONS, STOP_DELAY, RESTARTS]
     + list(generation.NAMES)
 )
 
@@ -194,6 +197,7 @@ class TritonCollector(Collector):
         yield self._load_time(models)
         yield self._cancellations(models)
         yield from self._stop_delay(models)
+        yield self._restarts(models)
         yield from generation.generation_families(models)
 
     def _failures(self, models: list[Any]) -> Metric:
@@ -232,6 +236,16 @@ class TritonCollector(Collector):
                 for stage in STAGES:
                     family.add_sample(name, _sorted({**labels, "reason": reason, "stage": stage}),
                                       counts.get((reason, stage), 0))
+        return family
+
+    def _restarts(self, models: list[Any]) -> Metric:
+        """Process-kind instances only: a thread instance is never restarted."""
+        family = _counter(RESTARTS, "Times an instance process was restarted after it died, "
+                                    "per model instance")
+        for model, _, labels in models:
+            restarts = getattr(model, "instance_restarts", None)
+            for instance, count in sorted((restarts() if restarts else {}).items()):
+                family.add_sample(RESTARTS, _sorted({**labels, "instance": instance}), count)
         return family
 
     def _stop_delay(self, models: list[Any]) -> Iterator[Metric]:

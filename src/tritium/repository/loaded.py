@@ -22,7 +22,7 @@ from tritium.core.types import TensorSpec
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.instance import ModelInstance
 from tritium.execution.process.choice import make_instance
-from tritium.execution.process.instance import ProcessInstance
+from tritium.execution.process.supervisor import SupervisedInstance
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.repository.validation import ConfigError
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
@@ -59,7 +59,7 @@ class LoadedModel:
         self.labels: dict[str, list[str]] = _read_labels(model_dir, config)
         self.served_by = ServedBy(self.name, version, self.max_batch_size > 0, self.labels)
         self.scheduler = _scheduler(self.name, version, config, self.decoupled)
-        self.instances: list[ModelInstance | ProcessInstance] = []
+        self.instances: list[ModelInstance | SupervisedInstance] = []
         self.load_seconds = 0.0
         # Admitted requests whose final response has not been sent: what an unload waits
         # for. (The service's own set holds them too: a shutdown asks about every model.)
@@ -67,7 +67,9 @@ class LoadedModel:
 
     # -- ModelHandle -------------------------------------------------------------
     def is_ready(self) -> bool:
-        return self.scheduler.accepting
+        # An instance process that died is restarting: ready again once one is up.
+        return self.scheduler.accepting and (
+            not self.instances or any(getattr(i, "ready", True) for i in self.instances))
 
     def enqueue(self, request: AdmittedRequest) -> None:
         self.scheduler.enqueue(request)
@@ -84,6 +86,10 @@ class LoadedModel:
 
     def statistics(self) -> ModelStatistics:
         return self.scheduler.stats
+
+    def instance_restarts(self) -> dict[str, int]:
+        """Restarts of each process-kind instance, by instance name (metrics read it)."""
+        return {i.name: i.restarts for i in self.instances if isinstance(i, SupervisedInstance)}
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self, loop: asyncio.AbstractEventLoop, create_backend: BackendFactory) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.instance import DoneCallback, ModelInstance
-from tritium.execution.process.instance import ProcessInstance
+from tritium.execution.process.launch import supervised_instance
+from tritium.execution.process.supervisor import SupervisedInstance
 
 KIND_PARAMETER = "TRITIUM_INSTANCE_KIND"
 KINDS = ("thread", "process")
@@ -48,8 +49,9 @@ def kind_for(config: Any) -> str:
 def make_instance(info: InstanceInfo, config: Any, loop: asyncio.AbstractEventLoop,
                   on_done: Callable[..., None],
                   create_backend: Callable[[InstanceInfo], ModelBackend]
-                  ) -> ModelInstance | ProcessInstance:
+                  ) -> ModelInstance | SupervisedInstance:
     if kind_for(config) == "process":
-        return ProcessInstance(info, config, loop, on_done, _service)
+        # Supervised (SUPERVISION): restarted when it dies, EXECUTION_ENV_PATH, kill option.
+        return supervised_instance(info, config, loop, on_done, _service)
     done: DoneCallback = on_done
     return ModelInstance(info, create_backend, loop, done)

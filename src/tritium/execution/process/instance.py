@@ -170,6 +170,12 @@ class ProcessInstance:
         """Resolves with the exit status once the process is gone, however it ended."""
         return self._exited
 
+    @property
+    def alive(self) -> bool:
+        """False from the moment the child is known gone (end of file or exit), before
+        ``exited`` resolves: the supervisor must not hand the slot back before then."""
+        return not self._dead
+
     def kill(self) -> None:
         if self._process is not None and self.returncode is None:
             self._process.kill()

@@ -53,6 +53,12 @@ class InstanceProcess(Protocol):
     def kill(self) -> None: ...
 
 
+def _alive(process: InstanceProcess) -> bool:
+    """False once the process kind knows its child is gone (``alive``: end of file on the
+    link comes before the exit status, and before ``exited`` resolves)."""
+    return bool(getattr(process, "alive", process.returncode is None))
+
+
 # (the process reporting, batch, execute nanoseconds or -1, streams to wake)
 ProcessDone = Callable[[Any, list[AdmittedRequest], int, list[ResponseStream]], None]
 ProcessFactory = Callable[[ProcessDone], InstanceProcess]
@@ -98,7 +104,8 @@ class SupervisedInstance:
     def __init__(self, info: InstanceInfo, make_process: ProcessFactory,
                  loop: asyncio.AbstractEventLoop, on_done: SlotDone,
                  policy: RestartPolicy | None = None,
-                 kill_after_cancel_s: float | None = None):
+                 kill_after_cancel_s: float | None = None,
+                 prepare: Callable[[], Awaitable[None]] | None = None):
         self.info = info
         self.name = info.instance_name
         self.restarts = 0
@@ -107,6 +114,7 @@ class SupervisedInstance:
         self._on_done = on_done
         self._backoff = Backoff(policy)
         self._kill_after = kill_after_cancel_s
+        self._prepare = prepare  # awaited once before the first process starts
         self._process: InstanceProcess | None = None
         self._up = False
         self._stopping = False
@@ -129,6 +137,8 @@ class SupervisedInstance:
     # -- the ModelInstance interface ---------------------------------------------
     async def start(self) -> None:
         """Start the first process; its failure fails the load, as a thread's would."""
+        if self._prepare is not None:
+            await self._prepare()
         self._process = await self._launch()
         self._up = True
         self._backoff.started()
@@ -157,8 +167,9 @@ class SupervisedInstance:
     async def wait_stopped(self) -> None:
         if self._supervisor is not None:
             await asyncio.shield(self._supervisor)
-        if self._process is not None:
-            await self._process.wait_stopped()
+        process = self._process
+        if process is not None and process.returncode is None:
+            await process.wait_stopped()
 
     # -- dones -------------------------------------------------------------------
     def _process_done(self, process: Any, batch: list[AdmittedRequest], exec_ns: int,
@@ -167,7 +178,7 @@ class SupervisedInstance:
         if flight is None:
             return  # swept up at its process's death already
         flight.disarm()
-        if process is self._process and self._up:
+        if process is self._process and self._up and _alive(self._process):
             self._on_done(self, batch, exec_ns, woken)
             return
         # Its process is dead: the answers go out now, the slot comes back once restarted.

@@ -1,0 +1,59 @@
+"""Builds the process kind's instance slot for a model: a ``SupervisedInstance`` whose
+processes run the model's ``EXECUTION_ENV_PATH`` interpreter when it names one."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from tritium.execution.backend import InstanceInfo
+from tritium.execution.process import environment
+from tritium.execution.process.environment import ExecutionEnvironment
+from tritium.execution.process.instance import STUB_MODULE, ProcessInstance
+from tritium.execution.process.supervisor import (
+    ProcessDone,
+    SlotDone,
+    SupervisedInstance,
+    kill_after_cancel_secs,
+)
+
+# (model directory, configured path) -> the resolution, shared by a model's instances.
+_environments: dict[tuple[str, str], asyncio.Future[ExecutionEnvironment | None]] = {}
+
+
+async def environment_for(config: Any, model_dir: str) -> ExecutionEnvironment | None:
+    """The model's environment, resolved once per path (off the loop: it may extract an
+    archive and runs the interpreter once); a failure is retried at the next load."""
+    configured = environment.configured_path(config, model_dir)
+    if configured is None:
+        return None
+    key = (model_dir, configured)
+    future = _environments.get(key)
+    if future is None or (future.done() and future.exception() is not None):
+        future = _environments[key] = asyncio.ensure_future(
+            asyncio.to_thread(environment.resolve, config, model_dir))
+    return await asyncio.shield(future)
+
+
+def supervised_instance(info: InstanceInfo, config: Any, loop: asyncio.AbstractEventLoop,
+                        on_done: SlotDone, service: Any) -> SupervisedInstance:
+    """One instance slot of the process kind (checks its config parameters now)."""
+    chosen: list[ExecutionEnvironment] = []
+
+    async def prepare() -> None:
+        env = await environment_for(config, str(Path(info.model_repository)))
+        if env is not None:
+            chosen.append(env)
+
+    def make_process(done: ProcessDone) -> ProcessInstance:
+        process = ProcessInstance(info, config, loop, done, service)
+        if chosen:
+            env = chosen[0]
+            process.spawn_command = lambda _info: env.command(STUB_MODULE, [])
+            process.spawn_env = env.spawn_env
+        return process
+
+    return SupervisedInstance(info, make_process, loop, on_done,
+                              kill_after_cancel_s=kill_after_cancel_secs(config),
+                              prepare=prepare)
