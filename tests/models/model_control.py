@@ -1,5 +1,5 @@
 """Calls pb_utils' model loading API: ACTION (BYTES) is load / load_config / load_files /
-unload / ready, on the model named by NAME (BYTES), VERSION (BYTES) for ready.
+unload / unload_dependents / ready, on the model named by NAME (BYTES), VERSION (BYTES) for ready.
 
 OUTPUT0 (BOOL) is is_model_ready's answer (False for the other actions); an exception
 the call raises becomes the response's error, "<type>: <message>".
@@ -58,6 +58,8 @@ class TritonPythonModel:
                                 {"file:1/model.py": IDENTITY_SOURCE})
         elif action == "unload":
             pb_utils.unload_model(name, unload_dependents=False)
+        elif action == "unload_dependents":
+            pb_utils.unload_model(name, unload_dependents=True)
         else:
             raise ValueError(f"unknown action {action}")
         return False
