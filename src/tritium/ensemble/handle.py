@@ -49,8 +49,6 @@ class EnsembleModel:
         self._graph = EnsembleGraph(plan)
         self.name: str = config.name
         self.version = version
-        self.config = config
-        self.config_json: dict[str, Any] = config_to_json(config)
         self.platform: str = "ensemble"
         self.max_batch_size: int = config.max_batch_size
         inputs, outputs = tensor_specs(config)
@@ -62,6 +60,14 @@ class EnsembleModel:
         self.served_by = ServedBy(self.name, version, self.max_batch_size > 0, self.labels)
         self.decoupled: bool = (config.model_transaction_policy.decoupled
                                 or self._any_step_decoupled())
+        if self.decoupled and not config.model_transaction_policy.decoupled:
+            # Triton fills the field in for an ensemble: clients read it to pick streaming.
+            completed = type(config)()
+            completed.CopyFrom(config)
+            completed.model_transaction_policy.decoupled = True
+            config = completed
+        self.config = config
+        self.config_json: dict[str, Any] = config_to_json(config)
         self.load_seconds = 0.0
         self.accepting = True
         self._stats = ModelStatistics()
@@ -107,6 +113,9 @@ class EnsembleModel:
             return
         reason = request.cancellation.reason
         self._stats.cancellations[(reason.name if reason else "UNKNOWN", "executing")] += 1
+        log.info("request %s for model '%s' version %d cancelled while executing: %s",
+                 request.describe(), self.name, self.version,
+                 reason.value if reason else "unknown")
         run.cancel()
         # The service leaves a cancelled internal request (BLS) open while it executes;
         # an ensemble starts no further step, so it ends here, whoever asked.
