@@ -6,9 +6,10 @@ object belongs to a client, who may shrink it at any time, and touching a mappin
 end of its file kills the process with SIGBUS. ``pread``/``pwrite`` at the region's offset
 instead return short or fail, and the file's size is checked before every use.
 
-The descriptor lives as long as its ``Region`` object: unregistering drops the registry's
-reference, and a request still reading or writing the region holds its own until it is done,
-so a descriptor number is never closed under a request (and reused for another file).
+Unregistering closes the descriptor at once, or, while a read or write is under way, as
+that call ends: a descriptor number is never closed under a call (and reused for another
+file), and never left to the garbage collector. A request that still points at the region
+afterwards is refused as if it had named no such region.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import os
 import stat
 import threading
-import weakref
 from dataclasses import dataclass
 
 from tritium.core import messages
@@ -47,7 +47,8 @@ class RegionStatus:
 class Region:
     """One registered region: ``byte_size`` bytes from ``offset`` in the object ``key``."""
 
-    __slots__ = ("__weakref__", "byte_size", "fd", "key", "name", "offset", "writable")
+    __slots__ = ("_busy", "_closing", "_fd", "_lock", "byte_size", "key", "name", "offset",
+                 "writable")
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int, fd: int,
                  writable: bool):
@@ -55,42 +56,73 @@ class Region:
         self.key = key
         self.offset = offset
         self.byte_size = byte_size
-        self.fd = fd
         self.writable = writable
-        # Closed when the last holder (registry or request) lets go, whichever is last.
-        weakref.finalize(self, os.close, fd)
+        self._fd = fd  # -1 once closed
+        self._busy = 0  # reads and writes under way
+        self._closing = False
+        self._lock = threading.Lock()
 
     def status(self) -> RegionStatus:
         return RegionStatus(self.name, self.key, self.offset, self.byte_size)
 
+    def close(self) -> None:
+        """Close the descriptor now, or when the calls under way end."""
+        with self._lock:
+            self._closing = True
+            if self._busy == 0 and self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
     def read(self, offset: int, size: int) -> bytearray:
         """``size`` bytes from ``offset`` within the region, copied (a writable buffer)."""
-        self._check_file(offset + size)
-        data = bytearray(size)
-        done = 0
-        view = memoryview(data)
-        while done < size:
-            got = os.preadv(self.fd, [view[done:]], self.offset + offset + done)
-            if got <= 0:  # the file shrank between the check and the read
-                self._check_file(offset + size)
-                raise self._shrunk(self.offset + offset + done, offset + size)
-            done += got
-        return data
+        fd = self._enter()
+        try:
+            self._check_file(fd, offset + size)
+            data = bytearray(size)
+            done = 0
+            view = memoryview(data)
+            while done < size:
+                got = os.preadv(fd, [view[done:]], self.offset + offset + done)
+                if got <= 0:  # the file shrank between the check and the read
+                    raise self._shrunk(self.offset + offset + done, self.offset + offset + size)
+                done += got
+            return data
+        finally:
+            self._leave()
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         """``data`` into the region from ``offset`` (the caller checked that it fits)."""
         if not self.writable:
             raise TritiumError(ErrorCode.INTERNAL,
                                messages.SHM_READ_ONLY.format(name=self.name))
-        self._check_file(offset + len(data))
-        view = memoryview(data).cast("B")
-        done = 0
-        while done < len(view):
-            done += os.pwrite(self.fd, view[done:], self.offset + offset + done)
+        fd = self._enter()
+        try:
+            self._check_file(fd, offset + len(data))
+            view = memoryview(data).cast("B")
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], self.offset + offset + done)
+        finally:
+            self._leave()
 
-    def _check_file(self, end: int) -> None:
+    def _enter(self) -> int:
+        with self._lock:
+            if self._closing:
+                raise TritiumError(ErrorCode.NOT_FOUND,
+                                   messages.SHM_UNKNOWN_REGION.format(name=self.name))
+            self._busy += 1
+            return self._fd
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            if self._busy == 0 and self._closing and self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def _check_file(self, fd: int, end: int) -> None:
         """The file still holds the region up to ``end`` (relative to the region)."""
-        size = os.fstat(self.fd).st_size
+        size = os.fstat(fd).st_size
         if size < self.offset + end:
             raise self._shrunk(size, self.offset + end)
 
@@ -100,8 +132,7 @@ class Region:
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    """``byte_size`` bytes at ``offset`` in a region, as one tensor's parameters named them;
-    holding it keeps the region's descriptor open."""
+    """``byte_size`` bytes at ``offset`` in a region, as one tensor's parameters named them."""
 
     region: Region
     offset: int
@@ -150,7 +181,9 @@ class SharedMemoryRegistry:
         """Forget ``name`` (nothing to do when it is not registered, as in Triton)."""
         self._check_allowed()
         with self._lock:
-            self._regions.pop(name, None)
+            region = self._regions.pop(name, None)
+        if region is not None:
+            region.close()
 
     def unregister_all(self) -> None:
         self._check_allowed()
@@ -159,7 +192,10 @@ class SharedMemoryRegistry:
     def close(self) -> None:
         """Forget every region (server shutdown)."""
         with self._lock:
+            regions = list(self._regions.values())
             self._regions.clear()
+        for region in regions:
+            region.close()
 
     def status(self, name: str = "") -> list[RegionStatus]:
         """Every region, or the one named (NOT_FOUND if it is not registered)."""
