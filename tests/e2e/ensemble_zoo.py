@@ -54,6 +54,7 @@ def build_ensemble_repository(repo: Path, record_dir: Path) -> Path:
     _add_pipeline(repo, record_dir)
     _add_bls(repo)
     _add_batching(repo, record_dir)
+    _add_forwarding(repo, record_dir)
     return repo
 
 
@@ -142,6 +143,30 @@ def _add_batching(repo: Path, record_dir: Path) -> None:
     add_ensemble(repo, "batched_ensemble", ONE_IO, [
         ("batched", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"}),
     ], max_batch_size=8)
+
+
+def _add_forwarding(repo: Path, record_dir: Path) -> None:
+    """Ensembles that show what reaches a step: the request's parameters, its timeout, and
+    a step's error."""
+    echo_io = (_tensor("input", "INPUT0", "FP32", "-1")
+               + _tensor("output", "PARAMS", "BYTES", "1"))
+    add_model(repo, "params_echo", "parameters_echo", echo_io)
+    add_ensemble(repo, "echo_params", echo_io,
+                 [("params_echo", {"INPUT0": "INPUT0"}, {"PARAMS": "PARAMS"})])
+    add_model(repo, "raises_step", "raises", FP32_IO)
+    add_ensemble(repo, "failing", FP32_IO, [
+        ("ident_a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "middle"}),
+        ("raises_step", {"INPUT0": "middle"}, {"OUTPUT0": "OUTPUT0"}),
+    ])
+    # Queue timeouts that a request may shorten: the ensemble request's own reaches it.
+    add_model(repo, "timed", "batch_record",
+              "max_batch_size: 1\ndynamic_batching { default_queue_policy { "
+              "timeout_action: REJECT default_timeout_microseconds: 30000000 "
+              "allow_timeout_override: true } }\n"
+              + ONE_IO + _parameter("record_file", f"{record_dir}/timed.jsonl"))
+    add_ensemble(repo, "timed_ensemble", ONE_IO, [
+        ("timed", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"}),
+    ], max_batch_size=1)
 
 
 @pytest.fixture(scope="module")
