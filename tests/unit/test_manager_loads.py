@@ -16,6 +16,7 @@ import pytest
 from tests.unit.test_manager import FakeBackend, add_model
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.backend import InstanceInfo
+from tritium.repository.loaded import LoadedModel
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.overrides import DIR_PREFIX
 
@@ -110,7 +111,8 @@ def test_the_override_directory_lives_as_long_as_its_versions(tmp_path: Path,
         await manager.load("up", overrides())
         [holder] = listing(private_tmp)
         assert holder.name.startswith(DIR_PREFIX)
-        assert manager.resolve("up", None).model_dir == holder / "up"
+        served = manager.resolve("up", None)
+        assert isinstance(served, LoadedModel) and served.model_dir == holder / "up"
         await refused(manager.load("up", overrides(name="other")), "directory name")
         assert listing(private_tmp) == [holder]  # the serving one stays
         await manager.unload("up", {})
