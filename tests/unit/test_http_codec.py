@@ -289,8 +289,6 @@ INPUT = {"name": "X", "shape": [2], "datatype": "INT32", "data": [1, 2]}
          "But set 'data' 'binary_data_size'"),
         ({"inputs": [{**INPUT, "parameters": {"shared_memory_region": "r"}}]}, "only one"),
         ({"inputs": [{"name": "X", "shape": [1], "datatype": "INT32",
-                      "parameters": {"shared_memory_region": "r"}}]}, "not supported"),
-        ({"inputs": [{"name": "X", "shape": [1], "datatype": "INT32",
                       "parameters": {"binary_data_size": -4}}]}, "binary_data_size"),
         ({"inputs": [], "outputs": {"name": "Y"}}, "Unable to parse 'outputs'"),
         ({"inputs": [], "outputs": [{"parameters": {}}]}, "Unable to parse 'name'"),
@@ -298,8 +296,6 @@ INPUT = {"name": "X", "shape": [2], "datatype": "INT32", "data": [1, 2]}
          "binary_data"),
         ({"inputs": [], "outputs": [{"name": "Y", "parameters": {"classification": -1}}]},
          "classification"),
-        ({"inputs": [], "outputs": [{"name": "Y", "parameters": {"shared_memory_region": "r"}}]},
-         "not supported"),
     ],
 )
 def test_wrong_json_shapes(doc: dict[str, Any], match: str) -> None:

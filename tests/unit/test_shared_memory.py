@@ -10,8 +10,11 @@ from collections.abc import Iterator
 from multiprocessing import shared_memory as mpshm
 
 import numpy as np
+import orjson
 import pytest
+import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2 as pb
+from tritonclient.http._utils import _get_inference_request
 
 from tritium.core import messages
 from tritium.core.errors import ErrorCode, TritiumError
@@ -20,6 +23,7 @@ from tritium.core.service import EXTENSIONS
 from tritium.core.shared_memory import SharedMemoryRegistry, extensions
 from tritium.core.types import DataType, Tensor
 from tritium.frontends.grpc import codec
+from tritium.frontends.http import codec as http_codec
 
 SIZE = 64
 
@@ -292,3 +296,45 @@ def test_grpc_unknown_region(registry: SharedMemoryRegistry) -> None:
     error = error_of(codec.decode_infer_request, grpc_request("nope", False), None, registry)
     assert (error.code, error.message) == (
         ErrorCode.NOT_FOUND, "Unable to find shared memory region: 'nope'")
+
+
+# ---------------------------------------------------------------------- HTTP codec
+
+
+def http_body(region: str) -> bytes:
+    """What tritonclient.http sends for INPUT0 in ``region`` at 4 and OUTPUT0 to it at 32."""
+    tensor = httpclient.InferInput("IN_SHM", [2], "INT32")
+    tensor.set_shared_memory(region, 8, offset=4)
+    output = httpclient.InferRequestedOutput("OUT", binary_data=True)
+    output.set_shared_memory(region, 8, offset=32)
+    body, _ = _get_inference_request(
+        inputs=[tensor], request_id="", outputs=[output], sequence_id=0, sequence_start=False,
+        sequence_end=False, priority=0, timeout=None, custom_parameters=None)
+    return body.encode() if isinstance(body, str) else body
+
+
+def test_http_inputs_from_and_outputs_into_regions(registry: SharedMemoryRegistry,
+                                                   block: mpshm.SharedMemory) -> None:
+    """http_server.cc: an shm input's bytes come from the region; an shm output's entry has
+    name, datatype and shape only, its bytes in the region."""
+    buffer_of(block)[4:12] = np.array([5, 6], np.int32).tobytes()
+    registry.register("r", key_of(block), 0, SIZE)
+    request = http_codec.decode_infer_request(http_body("r"), None, "m", None,
+                                              shared_memory=registry)
+    assert request.inputs["IN_SHM"].data.tolist() == [5, 6]
+    output = Tensor("OUT", DataType.INT32, (2,), np.array([7, 8], np.int32))
+    _, parts = http_codec.encode_infer_response(InferenceResponse(outputs=[output]), request)
+    assert orjson.loads(b"".join(bytes(part) for part in parts))["outputs"] == [
+        {"name": "OUT", "datatype": "INT32", "shape": [2]}]
+    assert np.frombuffer(buffer_of(block)[32:40], np.int32).tolist() == [7, 8]
+
+
+def test_http_unknown_region_and_parameter_types(registry: SharedMemoryRegistry) -> None:
+    error = error_of(http_codec.decode_infer_request, http_body("nope"), None, "m", None)
+    assert (error.code, error.message) == (
+        ErrorCode.NOT_FOUND, "Unable to find shared memory region: 'nope'")
+    body = orjson.loads(http_body("r"))
+    body["inputs"][0]["parameters"]["shared_memory_offset"] = -4
+    error = error_of(http_codec.decode_infer_request, orjson.dumps(body), None, "m", None)
+    assert error.message == ("Unable to parse 'shared_memory_offset': attempt to access JSON "
+                             "non-unsigned-integer as unsigned-integer")

@@ -23,8 +23,10 @@ from tritium.core.parameters import (
 from tritium.core.request import InferenceRequest, ParamValue, RequestedOutput
 from tritium.core.response import InferenceResponse
 from tritium.core.serialization import SLICE, bytes_array, tensor_bytes
+from tritium.core.shared_memory import SharedMemoryRegistry, Slice
 from tritium.core.types import DataType, Tensor, TensorSpec
 from tritium.frontends.http import json_pieces
+from tritium.frontends.http import shared_memory as shm
 from tritium.frontends.http.inputs import (
     HEADER_LENGTH,
     BinaryReader,
@@ -52,6 +54,8 @@ class HttpOutputOptions:
     """What the HTTP request said about output encoding, kept in ``frontend_state``."""
 
     binary_data_output: bool = False  # default for outputs the request did not list
+    # Outputs to write into shared memory regions instead of the response, by name.
+    shm_outputs: dict[str, Slice] | None = None
 
 
 _JSON_OUTPUTS = HttpOutputOptions(binary_data_output=False)
@@ -68,11 +72,13 @@ def decode_infer_request(
     *,
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     model: ModelHandle | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> InferenceRequest:
     """Decode an ``/infer`` body; ``header_length`` is Inference-Header-Content-Length.
 
     With ``model``, each input is checked against its configuration (declared, datatype,
-    shape, batch size) before any input's data is decoded.
+    shape, batch size) before any input's data is decoded. Tensors whose parameters name
+    a ``shared_memory`` region are read from (outputs: written to) it.
     """
     view = memoryview(body)
     json_end = _json_header_end(len(view), header_length, max_input_size)
@@ -82,9 +88,9 @@ def decode_infer_request(
     options = HttpOutputOptions()
     _apply_parameters(request, options, doc.get("parameters"))
     reader = BinaryReader(view, json_end, header_length is not None, model_name)
-    planned = plan_inputs(doc, reader, request, max_input_size, model)
+    planned = plan_inputs(doc, reader, request, max_input_size, model, shared_memory)
     reader.finish()
-    request.requested_outputs = _decode_outputs(doc)
+    request.requested_outputs = _decode_outputs(doc, options, shared_memory)
     request_id = request.id or "<id_unknown>"
     inputs = request.inputs
     for plan in planned:
@@ -222,17 +228,19 @@ def scalar_parameter(key: str, value: Any) -> ParamValue:
 # --------------------------------------------------------------------------- outputs
 
 
-def _decode_outputs(doc: dict[str, Any]) -> list[RequestedOutput] | None:
+def _decode_outputs(doc: dict[str, Any], options: HttpOutputOptions,
+                    shared_memory: SharedMemoryRegistry | None) -> list[RequestedOutput] | None:
     if "outputs" not in doc:
         return None
     items = doc["outputs"]
     if type(items) is not list:
         raise invalid("Unable to parse 'outputs': expected a JSON array")
     # An empty list asks for nothing in particular, which means every output.
-    return [_decode_output(item) for item in items] or None
+    return [_decode_output(item, options, shared_memory) for item in items] or None
 
 
-def _decode_output(item: Any) -> RequestedOutput:
+def _decode_output(item: Any, options: HttpOutputOptions,
+                   shared_memory: SharedMemoryRegistry | None) -> RequestedOutput:
     if type(item) is not dict:
         raise invalid("Unable to parse 'outputs': each output must be a JSON object")
     name = item.get("name")
@@ -242,9 +250,9 @@ def _decode_output(item: Any) -> RequestedOutput:
     if type(params) is not dict:
         raise invalid("Unable to parse 'parameters': expected a JSON object")
     if "shared_memory_region" in params:
-        raise invalid(
-            f"output '{name}' asks for shared memory, which is not supported by this server"
-        )
+        if options.shm_outputs is None:
+            options.shm_outputs = {}
+        options.shm_outputs[name] = shm.output_slice(params, shared_memory)
     if "binary_data" in params:
         parse_bool("binary_data", params["binary_data"])
     if "classification" in params:
@@ -320,6 +328,9 @@ def _encode(
                 continue
             binary = params.get("binary_data") is True
             classes = params.get("classification", 0)
+        if options.shm_outputs is not None and tensor.name in options.shm_outputs:
+            entries.append(_shared_memory_entry(tensor, options.shm_outputs[tensor.name]))
+            continue
         if type(classes) is int and classes > 0:
             tensor = classify(tensor, classes, served is not None and served.batched,
                               None if served is None else served.labels)
@@ -414,6 +425,14 @@ def _output_entry(tensor: Tensor, binary: bool, blobs: list[Part]) -> dict[str, 
         return None
     return {"name": tensor.name, "datatype": tensor.datatype.wire, "shape": list(tensor.shape),
             "data": json_values(tensor)}
+
+
+def _shared_memory_entry(tensor: Tensor, region: Slice) -> dict[str, Any]:
+    """The output written into its region; its entry has no data, as in Triton."""
+    if tensor.data.size != tensor.element_count:
+        raise _output_size_error(tensor)
+    region.write_output(tensor.name, tensor_bytes(tensor))
+    return {"name": tensor.name, "datatype": tensor.datatype.wire, "shape": list(tensor.shape)}
 
 
 def _spliced_entry(tensor: Tensor, spliced: _Spliced) -> dict[str, Any]:

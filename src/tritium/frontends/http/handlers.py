@@ -194,7 +194,7 @@ class HttpApi:
         if header_length != 0:
             return codec.decode_infer_request(
                 body, header_length, model.name, version, max_input_size=self.max_input_size,
-                model=model,
+                model=model, shared_memory=self.shared_memory,
             )
         if len(model.inputs) != 1:
             raise invalid(

@@ -12,8 +12,10 @@ from tritium.core.errors import TritiumError, invalid
 from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
 from tritium.core.serialization import array_from_binary
+from tritium.core.shared_memory import SharedMemoryRegistry
 from tritium.core.types import DataType, Tensor
 from tritium.core.validation import check_input, element_count
+from tritium.frontends.http import shared_memory as shm
 from tritium.frontends.http.tensor_data import InputLabel, array_from_json, flatten_json
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -75,6 +77,7 @@ def plan_inputs(
     request: InferenceRequest,
     limit: int,
     model: ModelHandle | None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> list[PlannedInput]:
     """Every input checked (against ``model`` too, when given), none of their data decoded."""
     items = doc.get("inputs")
@@ -83,7 +86,8 @@ def plan_inputs(
     request_id = request.id or "<id_unknown>"
     planned: dict[str, PlannedInput] = {}
     for item in items:
-        plan = _plan_input(item, reader, request_id, request.model_name, limit, model)
+        plan = _plan_input(item, reader, request_id, request.model_name, limit, model,
+                           shared_memory)
         if plan[0] in planned:
             raise invalid(
                 f"[request id: {request_id}] input '{plan[0]}' already exists in request"
@@ -99,6 +103,7 @@ def _plan_input(
     model_name: str,
     limit: int,
     model: ModelHandle | None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> PlannedInput:
     if type(item) is not dict:
         raise invalid("Unable to parse 'inputs': each input must be a JSON object")
@@ -119,20 +124,18 @@ def _plan_input(
     count = element_count(name, shape, request_id)
     if model is not None:
         check_input(model, name, datatype, shape, request_id)
-    if found[1]:
-        size = params["binary_data_size"]
-        if type(size) is not int or size < 0:
-            raise invalid(messages.JSON_NOT_UNSIGNED.format(key="binary_data_size"))
-        chunk = reader.take(name, size)
+    if found[1] or found[2]:
+        if found[1]:
+            size = params["binary_data_size"]
+            if type(size) is not int or size < 0:
+                raise invalid(messages.JSON_NOT_UNSIGNED.format(key="binary_data_size"))
+            chunk: Body = reader.take(name, size)
+        else:  # copied out of the client's region: it may change (or shrink) under us
+            chunk = shm.input_slice(params, shared_memory).read()
         if datatype is not DataType.BYTES and len(chunk) != count * datatype.itemsize:
             raise _binary_size_error(InputLabel(name, model_name, request_id), datatype, count,
                                      chunk)
         return (name, datatype, shape, count, chunk, None)
-    if found[2]:
-        raise invalid(
-            f"input '{name}' uses shared memory, which is not supported by this server; "
-            "send its data in the request body"
-        )
     data = item["data"]
     _check_json_size(name, datatype, count, data, limit)
     return (name, datatype, shape, count, None, data)
