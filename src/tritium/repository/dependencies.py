@@ -14,6 +14,7 @@ has it: the manager's part that loads, checks, re-checks and unloads along those
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +25,12 @@ from tritium.ensemble.validation import (
     circular_dependency,
     dependency_failed,
     dependency_not_loaded,
+    is_ensemble,
     unavailable_models,
     validate_against_composing,
     version_not_loaded,
 )
+from tritium.repository.config import read_model_config
 from tritium.repository.poll import fingerprint
 from tritium.repository.scan import find_models
 
@@ -221,3 +224,16 @@ class DependencyRules:
         return any(model in other.composing and (self._serving(other.name) or other.awaiting)
                    for other in self.models.values() if other.name not in removed)
 
+
+def declared_ensembles(found: Mapping[str, Path], names: list[str]) -> set[str]:
+    """Which of ``names`` are ensembles, by their config files (one that cannot be read
+    counts as a plain model: its own load reports why)."""
+    ensembles = set()
+    for name in names:
+        try:
+            config = read_model_config(found[name], auto_completing=True).config
+        except TritiumError:
+            continue
+        if is_ensemble(config):
+            ensembles.add(name)
+    return ensembles

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.model import IndexEntry, ModelHandle, ModelState
+from tritium.core.model import IndexEntry, ModelState
 from tritium.core.names import check_model_name
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.ensemble.validation import is_ensemble
@@ -32,11 +32,12 @@ from tritium.repository.config import (
     prepare_model_config,
     read_model_config,
 )
-from tritium.repository.dependencies import DependencyRules
+from tritium.repository.dependencies import DependencyRules, declared_ensembles
 from tritium.repository.loaded import BackendFactory, LoadedModel
 from tritium.repository.locks import NameLocks
 from tritium.repository.overrides import LoadOverrides, OverrideDir, parse_overrides
 from tritium.repository.poll import fingerprint
+from tritium.repository.served import EnsembleFactory, ServedVersion
 
 log = logging.getLogger("tritium.repository")
 
@@ -58,25 +59,6 @@ class ControlMode(enum.Enum):
     NONE = "none"
     EXPLICIT = "explicit"
     POLL = "poll"
-
-
-class ServedVersion(ModelHandle, Protocol):
-    """What a version slot holds: a ``LoadedModel``, or an ensemble's handle."""
-
-    load_seconds: float
-
-    async def start(self, loop: asyncio.AbstractEventLoop, create_backend: BackendFactory
-                    ) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def in_flight(self) -> int: ...
-
-    async def drain(self, timeout_s: float) -> int: ...
-
-
-# Builds an ensemble version's handle from its plan, its completed config and its version.
-EnsembleFactory = Callable[[EnsemblePlan, Any, int], ServedVersion]
 
 
 @dataclass(slots=True)
@@ -159,7 +141,7 @@ class ModelManager(DependencyRules):
                 self.models[name] = ModelEntry(name, found[name], reason=UNLOADED)
         # Plain models first, all at once; then each ensemble, which loads or checks its
         # composing models (nested ensembles first) before itself.
-        ensembles = await asyncio.to_thread(_declared_ensembles, found, wanted)
+        ensembles = await asyncio.to_thread(declared_ensembles, found, wanted)
         await asyncio.gather(*(self._install(name, found[name])
                                for name in wanted if name not in ensembles))
         for name in sorted(ensembles):
@@ -539,20 +521,6 @@ class ModelManager(DependencyRules):
                 if slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED:
                     return False
         return True
-
-
-def _declared_ensembles(found: Mapping[str, Path], names: list[str]) -> set[str]:
-    """Which of ``names`` are ensembles, by their config files (one that cannot be read
-    counts as a plain model: its own load reports why)."""
-    ensembles = set()
-    for name in names:
-        try:
-            config = read_model_config(found[name], auto_completing=True).config
-        except TritiumError:
-            continue
-        if is_ensemble(config):
-            ensembles.add(name)
-    return ensembles
 
 
 def _reason(exc: BaseException) -> str:

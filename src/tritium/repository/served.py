@@ -1,0 +1,30 @@
+"""What a version slot of the model manager holds, and what builds an ensemble's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from tritium.core.model import ModelHandle
+from tritium.ensemble.plan import EnsemblePlan
+from tritium.repository.loaded import BackendFactory
+
+
+class ServedVersion(ModelHandle, Protocol):
+    """What a version slot holds: a ``LoadedModel``, or an ensemble's handle."""
+
+    load_seconds: float
+
+    async def start(self, loop: asyncio.AbstractEventLoop, create_backend: BackendFactory
+                    ) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def in_flight(self) -> int: ...
+
+    async def drain(self, timeout_s: float) -> int: ...
+
+
+# Builds an ensemble version's handle from its plan, its completed config and its version.
+EnsembleFactory = Callable[[EnsemblePlan, Any, int], ServedVersion]
