@@ -190,7 +190,7 @@ class ProcessInstance:
     def _on_frame(self, frame: Frame) -> None:
         kind = frame[0]
         if kind == ch.DONE:
-            self._done(frame[1], frame[2], frame[3])
+            self._done(frame[1], frame[2], frame[3], frame[4])
         elif kind == ch.RESPONSES:
             for slot, response in frame[1]:
                 self._deliver(slot, response)
@@ -229,7 +229,12 @@ class ProcessInstance:
             if pending.batch_done:
                 self._release(slot)
 
-    def _done(self, batch_id: int, elapsed: int, responses: list[Any]) -> None:
+    def _done(self, batch_id: int, elapsed: int, responses: list[Any],
+              released: list[tuple[int, int]]) -> None:
+        for slot, flags in released:
+            pending = self._pending.get(slot)
+            if pending is not None:
+                pending.request.release_flags = flags
         for slot, response in responses:
             self._deliver(slot, response)
         entry = self._batches.pop(batch_id, None)

@@ -21,7 +21,7 @@ from typing import Any
 
 from tritium.core import response as core_response
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import InferenceRequest, RequestedOutput
+from tritium.core.request import RELEASE_ALL, InferenceRequest, RequestedOutput
 from tritium.core.response import InferenceResponse, StreamClosedError
 from tritium.core.types import Tensor
 from tritium.execution.backend import InstanceInfo
@@ -65,7 +65,7 @@ class ChildStream:
 class ChildRequest:
     """What the python backend reads of an admitted request."""
 
-    __slots__ = ("cancellation", "request", "slot", "stream")
+    __slots__ = ("cancellation", "release_flags", "request", "slot", "stream")
 
     def __init__(self, request: InferenceRequest, cancellation: SlotCancellation,
                  stream: ChildStream, slot: int) -> None:
@@ -73,6 +73,7 @@ class ChildRequest:
         self.cancellation = cancellation
         self.stream = stream
         self.slot = slot
+        self.release_flags = RELEASE_ALL  # set_release_flags; the server reads it at DONE
 
     def describe(self) -> str:
         return self.request.describe()
@@ -154,7 +155,7 @@ class InstanceServer:
                 self._fail(requests, exc)
         elapsed = time.monotonic_ns() - started
         deferred, self._deferred = self._deferred, []
-        self._link.send((ch.DONE, batch_id, elapsed, deferred))
+        self._link.send((ch.DONE, batch_id, elapsed, deferred, _released(requests)))
 
     def _fail(self, requests: list[ChildRequest], exc: BaseException) -> None:
         model = requests[0].request.model_name if requests else "?"
@@ -203,12 +204,14 @@ class InstanceServer:
         except BaseException as exc:
             self._fail(requests, exc)
         if result is None or not inspect.isawaitable(result):
-            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, []))
+            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, [],
+                             _released(requests)))
             return
         task = asyncio.ensure_future(result)
         if self._backend.decoupled:
             # Decoupled coroutines overlap: the instance takes the next batch at once.
-            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, []))
+            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, [],
+                             _released(requests)))
             task.add_done_callback(lambda t: self._task_error(t, requests))
         else:
             task.add_done_callback(lambda t: self._async_done(t, batch_id, requests, started))
@@ -216,7 +219,8 @@ class InstanceServer:
     def _async_done(self, task: asyncio.Future[None], batch_id: int,
                     requests: list[ChildRequest], started: int) -> None:
         self._task_error(task, requests)
-        self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, []))
+        self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, [],
+                         _released(requests)))
 
     def _task_error(self, task: asyncio.Future[None], requests: list[ChildRequest]) -> None:
         if task.cancelled():
@@ -231,6 +235,11 @@ class InstanceServer:
         from tritium.execution.process import death
 
         death.parent_gone()
+
+
+def _released(requests: list[ChildRequest]) -> list[tuple[int, int]]:
+    """The release flags a model set (RESCHEDULE for iterative sequences), by slot."""
+    return [(r.slot, r.release_flags) for r in requests if r.release_flags != RELEASE_ALL]
 
 
 def _thread(target: Any, name: str) -> Any:
