@@ -711,3 +711,19 @@ def test_go_away_lets_calls_finish_then_closes() -> None:
     run(body())
 
 
+
+
+def test_frames_of_unknown_types_are_ignored_and_calls_go_on() -> None:
+    """RFC 9113 §4.1: a frame of a type the endpoint does not know is ignored, whatever its
+    type number (just past the known ones, or far past them)."""
+    async def body() -> None:
+        service = Service()
+        peer = Peer(service)
+        peer.pump()
+        peer.raw(frame(0x0A, 0, 0, b"extension") + frame(0xEE, 0, 1, b"x"))
+        assert not peer.output.closed
+        stream_id = peer.start("/t.S/Echo", Request(model_name="m", id="7"))
+        await finished(await service.next_call())
+        peer.collect()
+        assert peer.ended(stream_id).status == GrpcStatus.OK
+    run(body())

@@ -39,3 +39,13 @@ def test_discarding_an_absent_member_is_harmless_and_iteration_is_a_snapshot() -
     for n in members:
         members.discard(n)
     assert 1 not in members and list(members) == []
+
+
+def test_members_keep_the_order_they_were_added_in_and_adding_twice_keeps_one() -> None:
+    members = InFlight[str]()
+    for name in ("b", "a", "c", "a"):
+        members.add(name)
+    assert list(members) == ["b", "a", "c"] and len(members) == 3
+    members.discard("a")
+    members.add("a")
+    assert list(members) == ["b", "c", "a"]

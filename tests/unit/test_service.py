@@ -133,3 +133,59 @@ def test_what_a_cancelled_request_still_delivers(internal: bool, executing: bool
     else:
         assert len(responses) == 1 and responses[0].error is not None
         assert responses[0].error.code is ErrorCode.CANCELLED
+
+
+class CountsLookups(AnswersAtOnce):
+    """AnswersAtOnce, counting how often the service looks a model up, and serving the
+    handle ``current`` (a reload swaps it)."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+        self.current: AnswersAtOnce = self
+
+    def resolve(self, name: str, version: int | None) -> Any:
+        self.lookups += 1
+        super().resolve(name, version)
+        return self.current
+
+
+class Version2(AnswersAtOnce):
+    version = 2
+    served_by = ServedBy("m", 2, False, {})
+
+
+def test_a_handle_resolved_in_the_same_step_is_used_as_is() -> None:
+    """A frontend that looked the model up with no await since passes the handle: the
+    request is not looked up a second time."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        repository = CountsLookups()
+        service = InferenceService(repository, loop)  # type: ignore[arg-type]
+        handle = repository.resolve("m", None)
+        response = await service.infer(InferenceRequest(model_name="m", inputs={}),
+                                       Cancellation(loop), handle)
+        assert repository.lookups == 1 and response.served_by is AnswersAtOnce.served_by
+
+    asyncio.run(main())
+
+
+def test_a_handle_for_another_name_or_version_is_not_trusted() -> None:
+    """A handle that does not match what the request asks for (a caller's mistake) is
+    ignored: the request is looked up, and served by what the repository serves now."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        repository = CountsLookups()
+        repository.current = Version2()
+        service = InferenceService(repository, loop)  # type: ignore[arg-type]
+        stale = AnswersAtOnce()  # version 1
+        response = await service.infer(
+            InferenceRequest(model_name="m", inputs={}, model_version=2), Cancellation(loop),
+            stale)  # type: ignore[arg-type]
+        assert repository.lookups == 1 and response.served_by is Version2.served_by
+        other = AnswersAtOnce()
+        other.name = "n"
+        response = await service.infer(InferenceRequest(model_name="m", inputs={}),
+                                       Cancellation(loop), other)  # type: ignore[arg-type]
+        assert repository.lookups == 2 and response.served_by is Version2.served_by
+
+    asyncio.run(main())

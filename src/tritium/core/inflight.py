@@ -7,7 +7,7 @@ still running?". This is the one answer, so no component hand-writes the future 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -19,14 +19,14 @@ class InFlight(Generic[T]):
     Loop-only: members are added and removed on the event loop that waits.
     """
 
-    __slots__ = ("_empty", "_members")
+    __slots__ = ("_empty", "_members", "add")
 
     def __init__(self) -> None:
         self._members: dict[T, None] = {}
         self._empty: asyncio.Event | None = None  # exists only while someone waits
-
-    def add(self, member: T) -> None:
-        self._members[member] = None
+        # ``add(member)``: the dict's own setdefault (the value is None), so adding, done
+        # for every request and call, runs no Python frame.
+        self.add: Callable[[T], object] = self._members.setdefault
 
     def discard(self, member: T) -> None:
         members = self._members

@@ -76,7 +76,6 @@ class Call:
     """One RPC (one HTTP/2 stream): the handler's view, and the transport's bookkeeping."""
 
     __slots__ = (
-        "_waiter",
         "cancellation",
         "conn",
         "deadline",
@@ -96,6 +95,7 @@ class Call:
         "task",
         "timer",
         "trailers",
+        "waiter",
         "withheld",
     )
 
@@ -123,7 +123,8 @@ class Call:
         self.held = 0  # request bytes received and not yet taken by the handler
         self.withheld = 0  # received bytes whose stream credit has not been returned yet
         self.last_progress = 0.0
-        self._waiter: asyncio.Future[None] | None = None
+        # The handler's wait for a message or the end (``requests``); None while not waiting.
+        self.waiter: asyncio.Future[None] | None = None
 
     # -- for handlers --------------------------------------------------------------------
     def write(self, message: Any) -> None:
@@ -150,12 +151,12 @@ class Call:
             elif self.state is not CallState.OPEN:
                 return
             else:
-                self._waiter = asyncio.get_running_loop().create_future()
-                await self._waiter
+                self.waiter = asyncio.get_running_loop().create_future()
+                await self.waiter
 
     # -- for the connection --------------------------------------------------------------
     def wake(self) -> None:
-        waiter, self._waiter = self._waiter, None
+        waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,11 +84,21 @@ def decode_infer_request(
     )
     if message.parameters:
         _apply_parameters(request, state, message.parameters)
-    planned = _plan_inputs(message, request.id, model, shared_memory)
-    request.inputs = {name: decode() for name, decode in planned}
+    inputs = request.inputs
+    for name, datatype, shape, count, raw, values in _plan_inputs(
+            message, request.id, model, shared_memory):
+        if raw is None:
+            assert values is not None
+            inputs[name] = _tensor_from_values(name, datatype, shape, values)
+        elif datatype is DataType.BYTES:
+            inputs[name] = _tensor_from_checked_raw(name, datatype, shape, count, raw)
+        else:  # a view of the bytes read; sizes were checked when planned
+            inputs[name] = Tensor(name, datatype, shape,
+                                  np.frombuffer(raw, dtype=datatype.numpy).reshape(shape))
     if message.outputs:
         request.requested_outputs = [_decode_output(output, state, shared_memory)
                                      for output in message.outputs]
+    request.checked_for = model  # every input passed check_input for it (see _plan_inputs)
     return request
 
 
@@ -98,20 +107,29 @@ def request_bytes(message: pb.ModelInferRequest) -> int:
     read of a raw contents field copies it, and a claim too small is refused before long."""
     size = 0
     for item in message.inputs:
-        datatype = DataType.from_wire(item.datatype)
-        count = math.prod(item.shape) if len(item.shape) <= 64 else 0
-        size += count * (datatype.itemsize if datatype and datatype.itemsize else 4)
+        shape = item.shape
+        count = math.prod(shape) if len(shape) <= 64 else 0
+        size += count * _CLAIMED_ITEMSIZE.get(item.datatype, 4)
         if item.HasField("contents"):
             contents = item.contents
             size += 8 * sum(len(getattr(contents, field)) for field in _CONTENT_FIELDS)
     return size
 
 
+# What request_bytes weighs an element of each wire datatype at (BYTES: a pointer's half).
+_CLAIMED_ITEMSIZE = {datatype.wire: datatype.itemsize or 4 for datatype in DataType}
+
+# An input checked, its data not decoded yet: name, datatype, shape, element count, and its
+# raw bytes or (raw None) its typed values.
+_Planned = tuple[str, DataType, tuple[int, ...], int, "bytes | bytearray | None",
+                 "Sequence[Any] | None"]
+
+
 def _plan_inputs(
     message: pb.ModelInferRequest, request_id: str, model: ModelHandle | None,
     shared_memory: SharedMemoryRegistry | None = None,
-) -> list[tuple[str, Callable[[], Tensor]]]:
-    """Every input checked, each with how to decode its data (not run yet)."""
+) -> list[_Planned]:
+    """Every input checked (against ``model`` too, when given), none of their data decoded."""
     raw = message.raw_input_contents
     items = message.inputs
     # Inputs in shared memory have no raw entry: the others take theirs in order.
@@ -120,24 +138,26 @@ def _plan_inputs(
             f"{_prefix(request_id)}expected {_raw_count(items)} entries in "
             f"raw_input_contents, one per input, but got {len(raw)}"
         )
-    planned: dict[str, Callable[[], Tensor]] = {}
+    planned: dict[str, _Planned] = {}
     next_raw = 0
     for item in items:
-        if item.name in planned:
-            raise invalid(f"{_prefix(request_id)}input '{item.name}' is given more than once")
+        name = item.name
+        if name in planned:
+            raise invalid(f"{_prefix(request_id)}input '{name}' is given more than once")
         region = None
         if item.parameters:
             region = shm.input_slice(item, message.model_name, shared_memory)
-        datatype = _datatype(item.datatype, item.name)
-        shape = _shape(item.shape, item.name)
-        count = element_count(item.name, shape, _prefix(request_id))
+        datatype = DataType.from_wire(item.datatype)
+        if datatype is None:
+            raise invalid(f"invalid datatype '{item.datatype}' for input '{name}'")
+        shape = _shape(item.shape, name)
+        count = element_count(name, shape, request_id)
         if model is not None:
-            check_input(model, item.name, datatype, shape, _prefix(request_id))
+            check_input(model, name, datatype, shape, request_id)
         if region is not None:
             data = region.read()
-            _check_raw_size(item.name, datatype, shape, count, data)
-            planned[item.name] = functools.partial(
-                _tensor_from_checked_raw, item.name, datatype, shape, count, data)
+            _check_raw_size(name, datatype, shape, count, data)
+            planned[name] = (name, datatype, shape, count, data, None)
         elif raw:
             if item.HasField("contents"):
                 raise invalid(
@@ -146,31 +166,24 @@ def _plan_inputs(
                 )
             data = raw[next_raw]  # a copy, each time it is read
             next_raw += 1
-            _check_raw_size(item.name, datatype, shape, count, data)
-            planned[item.name] = functools.partial(
-                _tensor_from_checked_raw, item.name, datatype, shape, count, data)
+            if datatype is not DataType.BYTES and len(data) != count * datatype.itemsize:
+                _check_raw_size(name, datatype, shape, count, data)  # raises
+            planned[name] = (name, datatype, shape, count, data, None)
         else:
-            values = _typed_values(item.name, datatype, shape, count, item.contents)
-            planned[item.name] = functools.partial(
-                _tensor_from_values, item.name, datatype, shape, values)
-    return list(planned.items())
+            values = _typed_values(name, datatype, shape, count, item.contents)
+            planned[name] = (name, datatype, shape, count, None, values)
+    return list(planned.values())
 
 
 def _prefix(request_id: str) -> str:
     return f"[request id: {request_id or '<id_unknown>'}] "
 
 
-def _datatype(name: str, tensor: str) -> DataType:
-    datatype = DataType.from_wire(name)
-    if datatype is None:
-        raise invalid(f"invalid datatype '{name}' for input '{tensor}'")
-    return datatype
-
-
 def _shape(dims: Iterable[int], tensor: str) -> tuple[int, ...]:
     shape = tuple(dims)
-    if any(dim < 0 for dim in shape):
-        raise invalid(f"input '{tensor}' has a negative dimension in shape {list(shape)}")
+    for dim in shape:
+        if dim < 0:
+            raise invalid(f"input '{tensor}' has a negative dimension in shape {list(shape)}")
     return shape
 
 

@@ -68,6 +68,8 @@ class GrpcConnection:
         self._output = output
         self._all_calls = calls  # the server's, for its drain
         self._loop = asyncio.get_running_loop()
+        # The loop's clock, as its own bound method: reading it costs no Python call.
+        self.now: Callable[[], float] = self._loop.time
         now = self._loop.time()
         self.opened_at = self.idle_since = now
         self._reader = FrameReader(limits.max_frame_bytes, limits.max_header_list_bytes)
@@ -84,7 +86,7 @@ class GrpcConnection:
         self._close_after_flush = False  # a drain is over: close once the last bytes are out
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
-        self._handlers: dict[int, Callable[[Frame], None]] = {
+        by_type: dict[int, Callable[[Frame], None]] = {
             FrameType.DATA: self.inbound.on_data,
             FrameType.HEADERS: self._on_headers,
             FrameType.PRIORITY: self.control.on_priority,
@@ -95,6 +97,10 @@ class GrpcConnection:
             FrameType.GOAWAY: self.control.on_goaway,
             FrameType.WINDOW_UPDATE: self.control.on_window_update,
         }
+        # Indexed by frame type (an index costs no call, per frame): None for CONTINUATION,
+        # which the reader never hands on, and for types past the table's end.
+        self._handlers: list[Callable[[Frame], None] | None] = [
+            by_type.get(kind) for kind in range(max(by_type) + 1)]
 
     # -- bytes in --------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
@@ -105,9 +111,11 @@ class GrpcConnection:
             if not preface_seen and self._reader.preface_seen:
                 self.control.open()
             handlers = self._handlers
+            known = len(handlers)
             for found in frames:
-                handler = handlers.get(found.kind)
-                if handler is not None:  # unknown frame types are ignored (RFC 9113 §4.1)
+                # Unknown frame types are ignored (RFC 9113 §4.1).
+                handler = handlers[found.kind] if found.kind < known else None
+                if handler is not None:
                     handler(found)
                 if self.closed:
                     return
@@ -200,7 +208,8 @@ class GrpcConnection:
             if reason is not None:
                 self.outbox.drop(call)  # nobody asked for the rest of the reply
             call.headers_sent = True
-            call.wake()
+            if call.waiter is not None:
+                call.wake()
             self.outbox.trailers(call, trailers)  # FLUSHED follows once the queue is out
             return
         if state is not CallState.CLOSED:
@@ -213,7 +222,8 @@ class GrpcConnection:
         self.inbound.release(call)
         del self.calls[call.stream_id]
         self._all_calls.discard(call)
-        call.wake()
+        if call.waiter is not None:
+            call.wake()
         self.wake_writers()
         if not self.calls:
             self.idle_since = self._loop.time()
@@ -307,9 +317,6 @@ class GrpcConnection:
         call = self.calls.get(stream_id)
         if call is not None:
             self._move(call, CallEvent.RESET, reason=self._reason_for_reset(call))
-
-    def now(self) -> float:
-        return self._loop.time()
 
     def is_idle_stream(self, stream_id: int) -> bool:
         return stream_id > self._last_stream

@@ -110,11 +110,12 @@ class Control:
         if stream_id == 0:
             if not increment:
                 raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "zero WINDOW_UPDATE")
-            try:
-                self.send_window.grow(increment)
-            except WindowError:
-                raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, "window overflow") from None
-            conn.outbox.pump_blocked()
+            window = self.send_window
+            if window.size + increment > MAX_WINDOW:  # SendWindow.grow, without the call
+                raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, "window overflow")
+            window.size += increment
+            if conn.outbox.blocked:
+                conn.outbox.pump_blocked()
             return
         call = conn.calls.get(stream_id)
         if call is None:
@@ -124,11 +125,11 @@ class Control:
         if not increment:
             conn.stream_error(call, H2Error.PROTOCOL_ERROR)
             return
-        try:
-            call.send_window.grow(increment)
-        except WindowError:
+        window = call.send_window
+        if window.size + increment > MAX_WINDOW:
             conn.stream_error(call, H2Error.FLOW_CONTROL_ERROR)
             return
+        window.size += increment
         if call.pending:
             conn.outbox.pump(call)
 

@@ -20,6 +20,7 @@ from tritium.frontends.grpc.http2 import (
 )
 
 _HEADERS = FrameType.HEADERS.value
+_CONTINUATION = FrameType.CONTINUATION.value
 
 # A header block split into more pieces than this is a flood (CVE-2024-27316 and kin): real
 # clients send a block in one or two frames.
@@ -142,7 +143,7 @@ class FrameReader:
             kind = word & 0xFF
             found = Frame(kind, flags, stream_id & 0x7FFFFFFF, view[pos + 9:end])
             pos = end
-            if kind > _HEADERS or self._block_frame is not None:  # not DATA, or in a block
+            if self._block_frame is not None or kind == _CONTINUATION:
                 whole = self._assemble(found)
                 if whole is not None:
                     frames.append(whole)

@@ -25,7 +25,7 @@ from tritium.frontends.grpc.http2 import (
     window_update,
 )
 from tritium.frontends.grpc.messages import Message, MessageTooLarge
-from tritium.frontends.grpc.windows import ByteBudget, RecvWindow, WindowError
+from tritium.frontends.grpc.windows import ByteBudget, RecvWindow
 
 if TYPE_CHECKING:
     from tritium.frontends.grpc.connection import GrpcConnection
@@ -70,10 +70,10 @@ class Inbound:
         conn = self._conn
         stream_id, payload = found.stream_id, found.payload
         size = len(payload)
-        try:
-            self.window.receive(size)
-        except WindowError as exc:
-            raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, str(exc)) from None
+        window = self.window
+        if size > window.available:  # RecvWindow.receive's check, without the call
+            raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, window.overrun_text(size))
+        window.available -= size
         self.held += size
         call = conn.calls.get(stream_id)
         if call is None:
@@ -85,12 +85,12 @@ class Inbound:
             self._consume(size)
             conn.stream_error(call, H2Error.STREAM_CLOSED)
             return
-        try:
-            call.recv_window.receive(size)
-        except WindowError:
+        call_window = call.recv_window
+        if size > call_window.available:
             self._consume(size)
             conn.stream_error(call, H2Error.FLOW_CONTROL_ERROR)
             return
+        call_window.available -= size
         flags = found.flags
         ended = flags & END_STREAM
         if not size and not ended and not conn.flood.allow_empty_frame(conn.now()):

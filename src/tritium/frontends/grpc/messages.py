@@ -58,7 +58,8 @@ class MessageReader:
         if not buf and len(data) >= _PREFIX:
             size = int.from_bytes(data[1:5], "big")
             if len(data) == _PREFIX + size:  # usual: one whole message in this frame
-                self._check(size)
+                if size > self.limit:
+                    raise MessageTooLarge(size, self.limit)
                 return [Message(data[_PREFIX:], bool(data[0]))]
         buf += data
         found: list[Message] = []

@@ -130,12 +130,19 @@ class InferenceServicer:
     # -- inference -------------------------------------------------------------
     async def ModelInfer(self, message: Any, call: Call) -> list[bytes | memoryview]:
         # The call's cancellation: the transport cancels it however the call ends early.
-        request = decode_small_request(self.service, message, self.shared_memory) or \
-            await decode_request(self.service, message, self.shared_memory)
+        service = self.service
+        model = service.model(message.model_name, codec.parse_version(message.model_version))
+        if codec.request_bytes(message) > offload.INLINE_BYTES:
+            request = await offload.run(codec.decode_infer_request, message, model,
+                                        self.shared_memory)
+            resolved = None  # awaited: the repository may have changed since
+        else:
+            request = codec.decode_infer_request(message, model, self.shared_memory)
+            resolved = model  # no await since it was looked up: still the one
         if self.header_forward is not None:
             request.parameters.update(forwarded(self.header_forward, call))
-        response = await self.service.infer(request, call.cancellation)
-        if offload.heavy(offload.response_bytes(response)):
+        response = await service.infer(request, call.cancellation, resolved)
+        if offload.heavy_response(response):
             return await offload.run(codec.encode_infer_response, response, request)
         return codec.encode_infer_response(response, request)
 
@@ -203,7 +210,7 @@ class StreamSession:
             if response.error is not None and self._error_mode:
                 self._fail(response)
                 continue
-            if offload.heavy(offload.response_bytes(response)):
+            if offload.heavy_response(response):
                 message = await offload.run(codec.encode_stream_response, response, request)
             else:
                 message = codec.encode_stream_response(response, request)
@@ -230,16 +237,6 @@ def forwarded(header_forward: HeaderForward, call: Call) -> dict[str, str]:
         if not name.startswith(":") and name not in _TRANSPORT_HEADERS)
 
 
-def decode_small_request(service: InferenceService, message: Any,
-                         shared_memory: SharedMemoryRegistry | None = None
-                         ) -> InferenceRequest | None:
-    """The usual small request decoded at once, without a coroutine; None for a big one."""
-    model = service.model(message.model_name, codec.parse_version(message.model_version))
-    if offload.heavy(codec.request_bytes(message)):
-        return None
-    return codec.decode_infer_request(message, model, shared_memory)
-
-
 async def decode_request(service: InferenceService, message: Any,
                          shared_memory: SharedMemoryRegistry | None = None
                          ) -> InferenceRequest:
@@ -247,7 +244,7 @@ async def decode_request(service: InferenceService, message: Any,
     inputs are checked against it before any data is decoded, and a big message is decoded
     off the event loop."""
     model = service.model(message.model_name, codec.parse_version(message.model_version))
-    if offload.heavy(codec.request_bytes(message)):
+    if codec.request_bytes(message) > offload.INLINE_BYTES:
         return await offload.run(codec.decode_infer_request, message, model, shared_memory)
     return codec.decode_infer_request(message, model, shared_memory)
 

@@ -65,7 +65,7 @@ async def serve_unary(conn: GrpcConnection, call: Call, message: Message) -> Non
     if call.state in DECIDED:
         return
     if isinstance(reply, list):  # already serialized, in pieces (see Rpc)
-        size = sum(len(piece) for piece in reply)
+        size = sum(map(len, reply))
         body = b"".join([b"\x00", size.to_bytes(4, "big"), *reply])
     else:
         body = length_prefixed(reply.SerializeToString())

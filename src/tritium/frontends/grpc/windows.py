@@ -26,6 +26,7 @@ class SendWindow:
         self.size = size
 
     def grow(self, increment: int) -> None:
+        """Add a WINDOW_UPDATE's credit (the connection's hot path inlines this)."""
         if self.size + increment > MAX_WINDOW:
             raise WindowError("window grown past 2^31-1")
         self.size += increment
@@ -49,9 +50,13 @@ class RecvWindow:
         self.unreturned = 0
 
     def receive(self, count: int) -> None:
+        """Count ``count`` bytes received (the connection's hot path inlines this)."""
         if count > self.available:
-            raise WindowError(f"peer sent {count} bytes with {self.available} of window left")
+            raise WindowError(self.overrun_text(count))
         self.available -= count
+
+    def overrun_text(self, count: int) -> str:
+        return f"peer sent {count} bytes with {self.available} of window left"
 
     def consume(self, count: int) -> int:
         """``count`` received bytes are no longer held; returns the increment to announce
