@@ -7,6 +7,7 @@ ensemble_utils.cc ValidateEnsembleConfig, model_repository_manager.cc's dependen
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from tritium.ensemble.validation import (
     validate_ensemble_scheduling,
     version_not_loaded,
 )
+from tritium.repository.config import ConfigError, load_model_config
 
 
 def config(text: str) -> Any:
@@ -315,3 +317,29 @@ def test_dependency_texts() -> None:
 def test_circular_dependency_text() -> None:
     assert circular_dependency("e1", "e3").message == (
         "circular dependency between ensembles: e1 -> ... -> e3 -> e1")
+
+
+# -- through the repository's config loading ---------------------------------------------
+def test_an_ensemble_config_loads_without_instances_or_auto_complete(tmp_path: Path) -> None:
+    """No instance group or pinned-memory optimization is filled in (Triton leaves both
+    out for ensembles, and then refuses either if given), and no backend completes it."""
+    model_dir = tmp_path / "ens"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(ensemble(TWO_STEPS)))
+
+    def no_auto_complete(_dir: Any, _config: Any) -> Any:
+        raise AssertionError("auto-complete ran on an ensemble")
+
+    loaded = load_model_config(model_dir, no_auto_complete)
+    assert not loaded.instance_group and not loaded.HasField("optimization")
+    assert loaded.platform == "ensemble" and loaded.backend == ""
+
+
+def test_an_ensemble_with_a_backend_is_refused(tmp_path: Path) -> None:
+    model_dir = tmp_path / "ens"
+    (model_dir / "1").mkdir(parents=True)
+    text = text_format.MessageToString(ensemble(TWO_STEPS)) + 'backend: "python"\n'
+    (model_dir / "config.pbtxt").write_text(text)
+    with pytest.raises(ConfigError, match="Ensemble model 'ens' must have platform type "
+                                          "'ensemble' and empty backend type"):
+        load_model_config(model_dir, None)
