@@ -127,8 +127,8 @@ class SupervisedInstance:
 
     @property
     def ready(self) -> bool:
-        """A process is up and serving."""
-        return self._up
+        """A process is up and serving (False from the moment its death is known)."""
+        return self._up and self._process is not None and _alive(self._process)
 
     @property
     def pid(self) -> int | None:
