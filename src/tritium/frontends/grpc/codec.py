@@ -78,7 +78,7 @@ def decode_infer_request(
     request = InferenceRequest(
         model_name=message.model_name,
         inputs={},
-        model_version=parse_version(message.model_version),
+        model_version=parse_version(message.model_version) if message.model_version else None,
         id=message.id,
         frontend_state=state,
     )

@@ -46,6 +46,7 @@ from tritium.frontends.grpc.status import GrpcStatus
 from tritium.frontends.grpc.windows import ByteBudget
 from tritium.frontends.grpc.wire import (
     ENCODINGS,
+    OK_TRAILERS,
     parse_timeout,
     trailers_block,
 )
@@ -80,7 +81,7 @@ class GrpcConnection:
         self.outbox = Outbox(self.control.send_window, self._flushed)
         self.inbound = Inbound(self, budget)
         self.flood = FloodGuard(limits.flood, now)
-        self._reading = False
+        self.reading = False  # a read is being handled: it flushes when it is done
         self.closed = False
         self._going_away = False
         self._close_after_flush = False  # a drain is over: close once the last bytes are out
@@ -104,7 +105,7 @@ class GrpcConnection:
 
     # -- bytes in --------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
-        self._reading = True
+        self.reading = True
         try:
             preface_seen = self._reader.preface_seen
             frames = self._reader.feed(data)
@@ -126,7 +127,7 @@ class GrpcConnection:
             self._fail(exc.code, str(exc))
             return
         finally:
-            self._reading = False
+            self.reading = False
         self.flush()
 
     def lost(self) -> None:
@@ -160,7 +161,7 @@ class GrpcConnection:
 
     def flush_soon(self) -> None:
         """Write now unless a read is being handled (that one flushes when it is done)."""
-        if not self._reading:
+        if not self.reading:
             self.flush()
 
     def send(self, call: Call, data: bytes | memoryview) -> None:
@@ -177,9 +178,12 @@ class GrpcConnection:
         is still queued; a handler's late answer after this is dropped."""
         if call.state in DECIDED:
             return
-        trailers = trailers_block(status, message, call.headers_sent)
+        # The usual end, without building its block (trailers_block's own first case).
+        trailers = OK_TRAILERS if status == 0 and not message and call.headers_sent else \
+            trailers_block(status, message, call.headers_sent)
         self._move(call, CallEvent.END, reason=reason, trailers=trailers)
-        self.flush_soon()
+        if not self.reading:  # flush_soon, inlined
+            self.flush()
 
     def stream_error(self, call: Call, code: H2Error) -> None:
         """The peer broke the protocol on this stream only: reset it, keep the connection."""

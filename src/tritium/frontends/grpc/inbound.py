@@ -135,13 +135,16 @@ class Inbound:
         size = len(message.body) + 5
         call.held -= size
         self._consume(size)
-        self._return_stream_credit(call)
-        self._conn.flush_soon()
+        if call.withheld and call.state is CallState.OPEN:  # else there is none to return
+            self._return_stream_credit(call)
+        if not self._conn.reading:  # flush_soon, inlined
+            self._conn.flush()
         return message
 
     def release(self, call: Call) -> None:
         """``call`` is closed: its bytes are dropped."""
-        self._consume(call.held)
+        if call.held:
+            self._consume(call.held)
         call.held = call.withheld = 0
         call.messages.clear()
         call.reader.clear()  # its task may live on a while; the bytes need not

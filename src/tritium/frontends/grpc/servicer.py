@@ -131,7 +131,8 @@ class InferenceServicer:
     async def ModelInfer(self, message: Any, call: Call) -> list[bytes | memoryview]:
         # The call's cancellation: the transport cancels it however the call ends early.
         service = self.service
-        model = service.model(message.model_name, codec.parse_version(message.model_version))
+        version = codec.parse_version(message.model_version) if message.model_version else None
+        model = service.model(message.model_name, version)
         if codec.request_bytes(message) > offload.INLINE_BYTES:
             request = await offload.run(codec.decode_infer_request, message, model,
                                         self.shared_memory)

@@ -165,6 +165,10 @@ class HttpApi:
         if len(body) > offload.INLINE_BYTES:
             request = await offload.run(self._decode_infer, body, header_length, model, version)
             resolved = None
+        elif header_length != 0:  # the usual request, decoded here and now
+            request = codec.decode_infer_request(
+                body, header_length, model.name, version, max_input_size=self.max_input_size,
+                model=model)
         else:
             request = self._decode_infer(body, header_length, model, version)
         if self.header_forward is not None:
