@@ -213,3 +213,56 @@ def test_grpc_parameter_of_the_wrong_type(server: TritiumProcess, parameters: di
     error: Any = caught.value
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details() == expected
+
+
+_INPUT = {"name": "INPUT0", "shape": [16], "datatype": "FP32", "data": [0.0] * 16}
+
+
+def _without(key: str) -> dict[str, Any]:
+    return {k: v for k, v in _INPUT.items() if k != key}
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ({}, "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'"),
+    ({"inputs": {}}, "Unable to parse 'inputs': attempt to access JSON non-array as array"),
+    ({"inputs": [_without("name")]},
+     "Unable to parse 'name': attempt to access non-existing object member 'name'"),
+    ({"inputs": [{**_INPUT, "name": 0}]},
+     "Unable to parse 'name': attempt to access JSON non-string as string"),
+    ({"inputs": [_without("datatype")]},
+     "Unable to parse 'datatype': attempt to access non-existing object member 'datatype'"),
+    ({"inputs": [{**_INPUT, "datatype": 11}]},
+     "Unable to parse 'datatype': attempt to access JSON non-string as string"),
+    ({"inputs": [{**_INPUT, "datatype": "FLOAT32"}]}, "invalid datatype for input INPUT0"),
+    ({"inputs": [_without("shape")]},
+     "Unable to parse 'shape': attempt to access non-existing object member 'shape'"),
+    ({"inputs": [{**_INPUT, "shape": 16}]},
+     "Unable to parse 'shape': attempt to access JSON non-array as array"),
+    ({"inputs": [{**_INPUT, "shape": [-16]}]},
+     "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"),
+    ({"inputs": [{**_INPUT, "data": 0.0}]},
+     "Unable to parse 'data': attempt to access JSON non-array as array"),
+    ({"inputs": [_INPUT], "outputs": {}},
+     "Unable to parse 'outputs': attempt to access JSON non-array as array"),
+    ({"inputs": [_INPUT], "outputs": [{"name": 1}]},
+     "Unable to parse 'name': attempt to access JSON non-string as string"),
+    ({"inputs": [_INPUT], "parameters": []},
+     "failed to get request params.: attempt to get members for non-object"),
+    ({"inputs": [_INPUT], "parameters": {"k": [1]}},
+     "parameter 'k' has invalid type. It should be either 'int', 'bool', or 'string'."),
+    ({"inputs": [7]}, "Input must set only one of the following fields: 'data', "
+     "'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. But no "
+     "field is set"),
+])
+def test_http_json_names_shapes_and_types(server: TritiumProcess, body: dict[str, Any],
+                                          expected: str) -> None:
+    """Triton's HTTP frontend (http_server.cc ParseJsonTritonIO, ParseJsonTritonParams,
+    ReadDataFromJson, ValidateInputContentType) words a malformed /infer body as "Unable to
+    parse '<field>': " and TritonJson's own refusal (triton_json.h): a member that is absent
+    ("attempt to access non-existing object member"), or of the wrong type ("attempt to
+    access JSON non-array as array", "... non-string as string", "... non-unsigned-integer as
+    unsigned-integer"); an unknown datatype name is "invalid datatype for input <name>"; a
+    model parameter that is no scalar is named with 'int', 'bool', or 'string'."""
+    reply = requests.post(f"http://{server.http_url}/v2/models/add_sub/infer", json=body,
+                          timeout=30)
+    assert (reply.status_code, reply.json()) == (400, {"error": expected})

@@ -274,7 +274,7 @@ INPUT = {"name": "X", "shape": [2], "datatype": "INT32", "data": [1, 2]}
     [
         ({}, "Unable to parse 'inputs'"),
         ({"inputs": {"name": "X"}}, "Unable to parse 'inputs'"),
-        ({"inputs": [1]}, "Unable to parse 'inputs'"),
+        ({"inputs": [1]}, "no field is set"),
         ({"id": 5, "inputs": []}, "Unable to parse 'id'"),
         ({"parameters": [], "inputs": []}, "params"),
         ({"inputs": [{**INPUT, "name": 3}]}, "Unable to parse 'name'"),

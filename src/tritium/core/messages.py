@@ -69,6 +69,16 @@ JSON_NOT_UNSIGNED = ("Unable to parse '{key}': attempt to access JSON non-unsign
                      "unsigned-integer")
 JSON_NOT_BOOL = "Unable to parse '{key}': attempt to access JSON non-boolean as boolean"
 JSON_NOT_STRING = "Unable to parse '{key}': attempt to access JSON non-string as string"
+JSON_MISSING = "Unable to parse '{key}': attempt to access non-existing object member '{key}'"
+JSON_NOT_ARRAY = "Unable to parse '{key}': attempt to access JSON non-array as array"
+# ReadDataFromJson (http_server.cc) on a datatype name it does not know.
+JSON_INVALID_DATATYPE = "invalid datatype for input {name}"
+# ParseJsonTritonParams: "parameters" must be an object; a model parameter a JSON scalar (it
+# takes floats too, though its text does not say so).
+JSON_PARAMETERS_NOT_OBJECT = ("failed to get request params.: attempt to get members for "
+                              "non-object")
+JSON_PARAMETER_TYPE = ("parameter '{key}' has invalid type. It should be either 'int', 'bool', "
+                       "or 'string'.")
 # gRPC (server src/grpc/infer_handler.cc, grpc_utils.cc): the InferParameter fields expected.
 PROTO_WRONG_TYPE = "invalid value type for '{key}' parameter, expected {expected}."
 PROTO_NOT_BOOL = "invalid value type for '{key}' parameter, expected bool_param."

@@ -31,6 +31,7 @@ from tritium.frontends.http.inputs import (
     HEADER_LENGTH,
     BinaryReader,
     decode_input,
+    field_error,
     plan_inputs,
     tensor_from_binary,
 )
@@ -201,7 +202,7 @@ def _apply_parameters(request: InferenceRequest, options: HttpOutputOptions, par
     if params is None:
         return
     if type(params) is not dict:
-        raise invalid("failed to get request params: 'parameters' must be a JSON object")
+        raise invalid(messages.JSON_PARAMETERS_NOT_OBJECT)
     for key, value in params.items():
         if key == "binary_data_output":
             options.binary_data_output = parse_bool(key, value)
@@ -218,10 +219,7 @@ def checked_parameter(key: str, value: Any) -> ParamValue:
 def scalar_parameter(key: str, value: Any) -> ParamValue:
     """``value`` if JSON can hand it to a model as a parameter (no arrays, objects, null)."""
     if type(value) not in _SCALAR_TYPES:
-        raise invalid(
-            f"parameter '{key}' has invalid type. It should be either 'int', 'bool', "
-            "'float' or 'string'."
-        )
+        raise invalid(messages.JSON_PARAMETER_TYPE.format(key=key))
     return value
 
 
@@ -234,7 +232,7 @@ def _decode_outputs(doc: dict[str, Any], options: HttpOutputOptions,
         return None
     items = doc["outputs"]
     if type(items) is not list:
-        raise invalid("Unable to parse 'outputs': expected a JSON array")
+        raise invalid(messages.JSON_NOT_ARRAY.format(key="outputs"))
     # An empty list asks for nothing in particular, which means every output.
     return [_decode_output(item, options, shared_memory) for item in items] or None
 
@@ -242,10 +240,10 @@ def _decode_outputs(doc: dict[str, Any], options: HttpOutputOptions,
 def _decode_output(item: Any, options: HttpOutputOptions,
                    shared_memory: SharedMemoryRegistry | None) -> RequestedOutput:
     if type(item) is not dict:
-        raise invalid("Unable to parse 'outputs': each output must be a JSON object")
+        raise invalid(messages.JSON_MISSING.format(key="name"))  # as Triton looks for it
     name = item.get("name")
     if type(name) is not str:
-        raise invalid("Unable to parse 'name': expected a string")
+        raise field_error(item, "name", messages.JSON_NOT_STRING)
     params = item.get("parameters", {})
     if type(params) is not dict:
         raise invalid("Unable to parse 'parameters': expected a JSON object")

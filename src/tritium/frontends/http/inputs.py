@@ -82,7 +82,7 @@ def plan_inputs(
     """Every input checked (against ``model`` too, when given), none of their data decoded."""
     items = doc.get("inputs")
     if type(items) is not list:
-        raise invalid("Unable to parse 'inputs': expected a JSON array")
+        raise field_error(doc, "inputs", messages.JSON_NOT_ARRAY)
     request_id = request.id or "<id_unknown>"
     planned: dict[str, PlannedInput] = {}
     for item in items:
@@ -105,8 +105,8 @@ def _plan_input(
     model: ModelHandle | None,
     shared_memory: SharedMemoryRegistry | None = None,
 ) -> PlannedInput:
-    if type(item) is not dict:
-        raise invalid("Unable to parse 'inputs': each input must be a JSON object")
+    if type(item) is not dict:  # Triton finds none of the data fields in it
+        raise _source_error((False, False, False))
     params = item.get("parameters", _NO_PARAMETERS)
     if type(params) is not dict:
         raise invalid("Unable to parse 'parameters': expected a JSON object")
@@ -115,12 +115,14 @@ def _plan_input(
         raise _source_error(found)
     name = item.get("name")
     if type(name) is not str:
-        raise invalid("Unable to parse 'name': expected a string")
+        raise field_error(item, "name", messages.JSON_NOT_STRING)
     wire = item.get("datatype")
     datatype = DataType.from_wire(wire) if type(wire) is str else None
     if datatype is None:
-        raise invalid(f"invalid datatype '{wire}' for input '{name}'")
-    shape = _shape(item.get("shape"))
+        if type(wire) is not str:
+            raise field_error(item, "datatype", messages.JSON_NOT_STRING)
+        raise invalid(messages.JSON_INVALID_DATATYPE.format(name=name))
+    shape = _shape(item.get("shape", _MISSING))
     count = element_count(name, shape, request_id)
     if model is not None:
         check_input(model, name, datatype, shape, request_id)
@@ -160,6 +162,13 @@ def decode_input(plan: PlannedInput, model_name: str, request_id: str) -> Tensor
 
 
 _NO_PARAMETERS: dict[str, Any] = {}
+_MISSING = object()
+
+
+def field_error(doc: dict[str, Any], key: str, wrong_type: str) -> TritiumError:
+    """TritonJson's refusal of a member: absent, or of the wrong type (``wrong_type``)."""
+    template = wrong_type if key in doc else messages.JSON_MISSING
+    return invalid(template.format(key=key))
 _SOURCES = (_Source.JSON, _Source.BINARY, _Source.SHARED_MEMORY)
 
 
@@ -180,7 +189,10 @@ def _shape(value: Any) -> tuple[int, ...]:
                 break
         else:
             return tuple(value)
-    raise invalid("Unable to parse 'shape': expected an array of unsigned integers")
+        raise invalid(messages.JSON_NOT_UNSIGNED.format(key="shape"))
+    if value is _MISSING:
+        raise invalid(messages.JSON_MISSING.format(key="shape"))
+    raise invalid(messages.JSON_NOT_ARRAY.format(key="shape"))
 
 
 def _check_binary_size(label: InputLabel, datatype: DataType, count: int, chunk: Body) -> None:
@@ -207,7 +219,7 @@ def tensor_from_binary(
 
 def _check_json_size(name: str, datatype: DataType, count: int, data: Any, limit: int) -> None:
     if type(data) is not list:
-        raise invalid("Unable to parse 'data': expected a JSON array")
+        raise invalid(messages.JSON_NOT_ARRAY.format(key="data"))
     if not (data and type(data[0]) is list) and len(data) != count:
         raise _json_count_error()
     byte_size = count * datatype.numpy.itemsize
