@@ -10,6 +10,7 @@ from __future__ import annotations
 from tritium.frontends.grpc.http2 import (
     END_HEADERS,
     FRAME_HEADER,
+    PADDED,
     PREFACE,
     PRIORITY,
     Chunk,
@@ -21,6 +22,8 @@ from tritium.frontends.grpc.http2 import (
 
 _HEADERS = FrameType.HEADERS.value
 _CONTINUATION = FrameType.CONTINUATION.value
+# The HEADERS flags that mean more than "here is the whole block" (see _start_block).
+_PLAIN_BLOCK_MASK = END_HEADERS | PADDED | PRIORITY
 
 # A header block split into more pieces than this is a flood (CVE-2024-27316 and kin): real
 # clients send a block in one or two frames.
@@ -148,6 +151,9 @@ class FrameReader:
                 if whole is not None:
                     frames.append(whole)
             elif kind == _HEADERS:
+                if flags & _PLAIN_BLOCK_MASK == END_HEADERS and found.stream_id:
+                    frames.append(found)  # the usual block: whole, unpadded, no priority
+                    continue
                 whole = self._start_block(found)
                 if whole is not None:
                     frames.append(whole)
