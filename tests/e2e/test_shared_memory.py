@@ -302,3 +302,34 @@ def test_http_register_body_and_output_checks(server: TritiumProcess) -> None:
         reply = requests.post(f"http://{server.http_url}/v2/models/add_sub/infer", json=body,
                               timeout=30)
         assert (reply.status_code, reply.json()) == (400, {"error": text})
+
+
+def test_registration_is_the_restricted_shared_memory_group(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Triton puts every shared memory endpoint in the restricted API group "shared-memory"
+    (--http-restricted-api / --grpc-restricted-protocol): without its header, HTTP is 403
+    and gRPC UNAVAILABLE; with it, registering works."""
+    repo = tmp_path_factory.mktemp("restricted_shm")
+    add_model(repo, "identity_bytes", "identity",
+              _tensor("input", "INPUT0", "BYTES", "-1")
+              + _tensor("output", "OUTPUT0", "BYTES", "-1"))
+    process = TritiumProcess(repo, "--allow-client-shm=true",
+                             "--http-restricted-api", "shared-memory:shm-key=s1",
+                             "--grpc-restricted-protocol", "shared-memory:shm-key=s1").start()
+    key = f"/tritium_e2e_{uuid.uuid4().hex}"
+    handle = shm.create_shared_memory_region("r", key, 64)
+    try:
+        http = httpclient.InferenceServerClient(process.http_url)
+        error = failure(http.register_system_shared_memory, "r", key, 64)
+        assert error.message() == "This API is restricted, expecting header 'shm-key'"
+        http.register_system_shared_memory("r", key, 64, headers={"shm-key": "s1"})
+        grpc = grpcclient.InferenceServerClient(process.grpc_url)
+        error = failure(grpc.get_system_shared_memory_status)
+        assert error.status() == "StatusCode.UNAVAILABLE"
+        grpc_key = {"triton-grpc-protocol-shm-key": "s1"}
+        status = grpc.get_system_shared_memory_status(headers=grpc_key, as_json=True)
+        assert list(status["regions"]) == ["r"]
+        grpc.unregister_system_shared_memory(headers=grpc_key)
+    finally:
+        shm.destroy_shared_memory_region(handle)
+        assert process.stop() == 0, process.log()
