@@ -168,7 +168,7 @@ class HttpApi:
         elif header_length != 0:  # the usual request, decoded here and now
             request = codec.decode_infer_request(
                 body, header_length, model.name, version, max_input_size=self.max_input_size,
-                model=model)
+                model=model, shared_memory=self.shared_memory)
         else:
             request = self._decode_infer(body, header_length, model, version)
         if self.header_forward is not None:
