@@ -1,7 +1,8 @@
 """Answers what this process is: OUTPUT0 (BYTES, one JSON element) holds sys.executable,
 sys.argv, sys.prefix, the version and file of the package named by the model parameter
 ``package`` (importlib.metadata, so the first distribution on sys.path wins), numpy's
-version, whether the model's directories are on sys.path, and the pid."""
+version, whether the model's directories are on sys.path, the pid and the cores this
+thread may run on."""
 
 import importlib
 import importlib.metadata
@@ -28,6 +29,7 @@ class TritonPythonModel:
             "version": importlib.metadata.version(self.package),
             "file": module.__file__, "numpy": np.__version__,
             "dirs_on_path": [d in sys.path for d in self.dirs], "pid": os.getpid(),
+            "cores": sorted(os.sched_getaffinity(0)),
         }
         out = pb_utils.Tensor("OUTPUT0", np.array([json.dumps(facts).encode()], dtype=object))
         return [pb_utils.InferenceResponse(output_tensors=[out]) for _ in requests]

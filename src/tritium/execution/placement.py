@@ -59,6 +59,11 @@ class ThreadPlacement:
     def active(self) -> bool:
         return self.home is not None
 
+    @property
+    def everywhere(self) -> frozenset[int]:
+        """The cores model code may use (empty when threads are not placed)."""
+        return self._everywhere
+
     def settle(self) -> None:
         """Keep the calling thread on the home core, as a batch thread: waking it never
         preempts the thread running there, which would only block at once on the GIL that

@@ -23,6 +23,9 @@ from tritium.backends.python import model_argv
 
 # Set by the server in the child's environment: the pid the child must outlive.
 PARENT_PID_ENV = "TRITIUM_PARENT_PID"
+# And the cores model code may use ("0,1"): the child inherits the mask and scheduling
+# policy of the server thread that spawned it, which placement keeps on one home core.
+CORES_ENV = "TRITIUM_MODEL_CORES"
 _PR_SET_PDEATHSIG = 1
 # How often a process forked by model code (a multiprocessing worker) checks that the
 # instance process that forked it is still there.
@@ -40,6 +43,7 @@ def become_instance_process(version_dir: str, model_dir: str,
     to the server and the server sees end of file the moment this process dies.
     """
     die_with_parent(_expected_parent())
+    use_model_cores(os.environ.pop(CORES_ENV, ""))
     # Ctrl-C in a terminal signals the whole process group; the server handles it and
     # stops its instances in order, so the child must not die of it mid-execute.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -61,6 +65,22 @@ def die_with_parent(parent_pid: int | None) -> None:
     # The parent may have died between the fork and the prctl: then the signal never comes.
     if parent_pid is not None and os.getppid() != parent_pid:
         parent_gone()
+
+
+def use_model_cores(cores_text: str) -> None:
+    """Every thread of this process may run on ``cores_text``'s cores, under the ordinary
+    policy: model code here is what placement lets run anywhere, and instances of one
+    model must not share the server's home core (they would not run in parallel)."""
+    cores = {int(core) for core in cores_text.split(",") if core.strip().isdigit()}
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        return
+    for task in os.listdir("/proc/self/task"):
+        tid = int(task)
+        try:
+            os.sched_setaffinity(tid, cores)
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass  # a thread that just ended, or a sandbox that refuses: run as placed
 
 
 def parent_gone() -> NoReturn:

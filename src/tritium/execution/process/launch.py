@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from tritium.execution.backend import InstanceInfo
-from tritium.execution.process import environment
+from tritium.execution.placement import current
+from tritium.execution.process import death, environment
 from tritium.execution.process.environment import ExecutionEnvironment
 from tritium.execution.process.instance import STUB_MODULE, ProcessInstance
 from tritium.execution.process.supervisor import (
@@ -48,12 +49,20 @@ def supervised_instance(info: InstanceInfo, config: Any, loop: asyncio.AbstractE
 
     def make_process(done: ProcessDone) -> ProcessInstance:
         process = ProcessInstance(info, config, loop, done, service)
-        if chosen:
-            env = chosen[0]
+        env = chosen[0] if chosen else None
+        if env is not None:
             process.spawn_command = lambda _info: env.command(STUB_MODULE, [])
-            process.spawn_env = env.spawn_env
+        process.spawn_env = lambda base: _spawn_env(base, env)
         return process
 
     return SupervisedInstance(info, make_process, loop, on_done,
                               kill_after_cancel_s=kill_after_cancel_secs(config),
                               prepare=prepare)
+
+
+def _spawn_env(base: dict[str, str], env: ExecutionEnvironment | None) -> dict[str, str]:
+    spawned = env.spawn_env(base) if env is not None else dict(base)
+    cores = current().everywhere
+    if cores:
+        spawned[death.CORES_ENV] = ",".join(map(str, sorted(cores)))
+    return spawned
