@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -477,3 +478,72 @@ def test_the_kill_option_refuses_what_is_not_a_positive_number(value: str) -> No
     config.parameters[KILL_AFTER_CANCEL].string_value = value
     with pytest.raises(TritiumError, match="greater than 0"):
         kill_after_cancel_secs(config)
+
+
+# -- what an instance process is -----------------------------------------------------------
+def _run_child(script: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``script`` in a fresh interpreter: the at-fork hooks and sys changes under test
+    must not touch the test process."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def test_an_instance_process_has_its_own_argv_and_the_model_dirs_for_life(
+        tmp_path: Path) -> None:
+    done = _run_child(f"""
+        import json, signal, sys
+        from tritium.execution.process import death
+        death.become_instance_process({str(tmp_path / "1")!r}, {str(tmp_path)!r})
+        print(json.dumps({{"argv": sys.argv, "tail": sys.path[-2:],
+                          "sigint": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}}))
+    """)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert facts == {"argv": [""], "tail": [str(tmp_path / "1"), str(tmp_path)], "sigint": True}
+
+
+def test_a_fork_of_the_model_neither_keeps_the_link_nor_outlives_its_forker() -> None:
+    """The fork's copy of the link is /dev/null (the server sees end of file when the
+    instance process dies, whatever its forks do), and once the instance process is gone
+    the fork exits by itself within the orphan check period."""
+    done = _run_child("""
+        import os, socket, stat, sys, time
+        from tritium.execution.process import death
+        mine, theirs = socket.socketpair()
+        death.keep_links_to_self([mine.fileno()])
+        reader, writer = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(reader)
+            kind = "null" if stat.S_ISCHR(os.fstat(mine.fileno()).st_mode) else "socket"
+            os.write(writer, (kind + "\\n").encode())
+            time.sleep(60)  # the orphan watch ends this once the parent is gone
+            os._exit(0)
+        os.close(writer)
+        print(os.read(reader, 100).decode().strip(), child, flush=True)
+        os._exit(0)  # the instance process dies; the fork is now an orphan
+    """)
+    assert done.returncode == 0, done.stderr
+    kind, child = done.stdout.split()
+    assert kind == "null"
+    deadline = time.monotonic() + 20
+    while os.path.exists(f"/proc/{child}") and _state(int(child)) != "Z":
+        assert time.monotonic() < deadline, "the orphaned fork is still alive"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_a_child_whose_parent_is_already_gone_exits_at_once() -> None:
+    done = _run_child("""
+        from tritium.execution.process import death
+        death.die_with_parent(1)  # "the parent" is not ours: as if it had died already
+        print("still here")
+    """)
+    assert done.returncode == 1 and "still here" not in done.stdout
+    assert "the server is gone" in done.stderr
