@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.http._utils import _get_inference_request
 
-from tritium.core import messages
+from tritium.core import messages, shared_memory
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.response import InferenceResponse
 from tritium.core.service import EXTENSIONS
@@ -338,3 +338,16 @@ def test_http_unknown_region_and_parameter_types(registry: SharedMemoryRegistry)
     error = error_of(http_codec.decode_infer_request, orjson.dumps(body), None, "m", None)
     assert error.message == ("Unable to parse 'shared_memory_offset': attempt to access JSON "
                              "non-unsigned-integer as unsigned-integer")
+
+
+def test_a_read_is_bounded(registry: SharedMemoryRegistry, block: mpshm.SharedMemory,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client can make a sparse object of any size for nothing; what one tensor copies out
+    of it is bounded (the largest gRPC message)."""
+    assert shared_memory.MAX_READ_BYTES == 2**31 - 1
+    monkeypatch.setattr(shared_memory, "MAX_READ_BYTES", 8)
+    registry.register("r", key_of(block), 0, SIZE)
+    assert registry.slice("r", 0, 8).read() == bytearray(8)
+    error = error_of(registry.slice("r", 0, 9).read)
+    assert error.message == ("a tensor of 9 bytes can not be read from shared memory region "
+                             "'r': at most 8 bytes are")

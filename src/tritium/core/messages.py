@@ -121,6 +121,8 @@ SHM_BAD_RANGE = "Invalid offset + byte size for shared memory region: '{name}'"
 # tritium's own: Triton would fault (SIGBUS) on a region whose file shrank under it.
 SHM_SHRUNK = ("shared memory region '{name}' is smaller than when it was registered: its "
               "file holds {size} bytes, {needed} are needed")
+SHM_READ_TOO_BIG = ("a tensor of {size} bytes can not be read from shared memory region "
+                    "'{name}': at most {limit} bytes are")
 SHM_READ_ONLY = "shared memory region '{name}' can not be written: its file is read-only"
 SHM_OUTPUT_TOO_SMALL = ("shared memory size specified with the request for output '{output}' "
                         "({size} bytes) should be at least {needed} bytes to hold the results")

@@ -32,6 +32,10 @@ RESERVED_PREFIX = "triton_python_backend_shm_region_"
 # Each region holds a descriptor: bound them, so clients cannot run the server out of files.
 MAX_REGIONS = 1024
 EXTENSION = "system_shared_memory"
+# The most one tensor reads out of a region: the bytes are copied, and a client can make a
+# sparse object of any size at no cost of its own. gRPC's largest message, so a tensor too
+# big for this could not have been sent any other way either.
+MAX_READ_BYTES = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +142,13 @@ class Slice:
     offset: int
     byte_size: int
 
+    def __len__(self) -> int:
+        return self.byte_size
+
     def read(self) -> bytearray:
+        if self.byte_size > MAX_READ_BYTES:
+            raise invalid(messages.SHM_READ_TOO_BIG.format(
+                name=self.region.name, size=self.byte_size, limit=MAX_READ_BYTES))
         return self.region.read(self.offset, self.byte_size)
 
     def write_output(self, output: str, data: bytes | memoryview) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,8 +155,8 @@ def _plan_inputs(
         if model is not None:
             check_input(model, name, datatype, shape, request_id)
         if region is not None:
+            _check_raw_size(name, datatype, shape, count, region)  # before anything is read
             data = region.read()
-            _check_raw_size(name, datatype, shape, count, data)
             planned[name] = (name, datatype, shape, count, data, None)
         elif raw:
             if item.HasField("contents"):
@@ -201,7 +201,7 @@ def _tensor_from_checked_raw(name: str, datatype: DataType, shape: tuple[int, ..
 
 
 def _check_raw_size(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
-                    raw: bytes | bytearray) -> None:
+                    raw: Sized) -> None:
     expected = count * datatype.itemsize
     if datatype is not DataType.BYTES and len(raw) != expected:
         raise invalid(

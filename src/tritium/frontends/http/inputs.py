@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sized
 from typing import Any
 
 import numpy as np
@@ -132,8 +133,9 @@ def _plan_input(
             if type(size) is not int or size < 0:
                 raise invalid(messages.JSON_NOT_UNSIGNED.format(key="binary_data_size"))
             chunk: Body = reader.take(name, size)
-        else:  # copied out of the client's region: it may change (or shrink) under us
-            chunk = shm.input_slice(params, shared_memory).read()
+        else:
+            chunk = _shared_memory_chunk(params, shared_memory, datatype, count,
+                                         InputLabel(name, model_name, request_id))
         if datatype is not DataType.BYTES and len(chunk) != count * datatype.itemsize:
             raise _binary_size_error(InputLabel(name, model_name, request_id), datatype, count,
                                      chunk)
@@ -200,7 +202,17 @@ def _check_binary_size(label: InputLabel, datatype: DataType, count: int, chunk:
         raise _binary_size_error(label, datatype, count, chunk)
 
 
-def _binary_size_error(label: InputLabel, datatype: DataType, count: int, chunk: Body
+def _shared_memory_chunk(params: dict[str, Any], shared_memory: SharedMemoryRegistry | None,
+                         datatype: DataType, count: int, label: InputLabel) -> bytearray:
+    """The input's bytes, copied out of the client's region (which may change, or shrink,
+    under us), its size checked before anything is read."""
+    region = shm.input_slice(params, shared_memory)
+    if datatype is not DataType.BYTES and len(region) != count * datatype.itemsize:
+        raise _binary_size_error(label, datatype, count, region)
+    return region.read()
+
+
+def _binary_size_error(label: InputLabel, datatype: DataType, count: int, chunk: Sized
                        ) -> TritiumError:
     return invalid(
         f"{label.prefix}input byte size mismatch for input '{label.name}' for model "
