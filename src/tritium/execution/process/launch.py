@@ -4,6 +4,7 @@ processes run the model's ``EXECUTION_ENV_PATH`` interpreter when it names one."
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,10 @@ from tritium.execution.process.supervisor import (
     kill_after_cancel_secs,
 )
 
-# (model directory, configured path) -> the resolution, shared by a model's instances.
-_environments: dict[tuple[str, str], asyncio.Future[ExecutionEnvironment | None]] = {}
+# (model directory, configured path, its size and mtime) -> the resolution, shared by a
+# model's instances; a changed archive is resolved (extracted) afresh at the next load.
+_environments: dict[tuple[str, str, int, int],
+                    asyncio.Future[ExecutionEnvironment | None]] = {}
 
 
 async def environment_for(config: Any, model_dir: str) -> ExecutionEnvironment | None:
@@ -29,7 +32,11 @@ async def environment_for(config: Any, model_dir: str) -> ExecutionEnvironment |
     configured = environment.configured_path(config, model_dir)
     if configured is None:
         return None
-    key = (model_dir, configured)
+    try:
+        stat = os.stat(configured)
+        key = (model_dir, configured, stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        key = (model_dir, configured, -1, -1)  # resolve() says what is wrong with it
     future = _environments.get(key)
     if future is None or (future.done() and future.exception() is not None):
         future = _environments[key] = asyncio.ensure_future(
