@@ -169,6 +169,34 @@ def add_sequence_models(repo: Path, record_dir: Path) -> None:
     add_model(repo, "sequence_idle", "accumulator",
               "sequence_batching { max_sequence_idle_microseconds: 300000 }\n" + SEQUENCE_IO
               + _parameter("record_file", f"{record_dir}/sequence_idle.jsonl"))
+    add_fidelity_models(repo, record_dir)
+
+
+RESCHEDULE_IO = (_tensor("input", "IN", "INT32", "1") + _tensor("output", "OUT", "INT32", "1")
+                 + _tensor("output", "SEEN", "BYTES", "1"))
+ITERATIVE = ("sequence_batching {\n  iterative_sequence: true\n  control_input [{ name: "
+             '"START" control [{ kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] }] }]\n'
+             "}\n")
+# The state input a sequence's requests carry, initialised from initial_state/seven.bin.
+STATE = ('sequence_batching {\n  state [{ input_name: "IN_STATE" output_name: "OUT_STATE" '
+         "data_type: TYPE_INT32 dims: [1]\n    initial_state { data_type: TYPE_INT32 dims: [1] "
+         'data_file: "seven.bin" name: "seven" } }]\n}\n')
+
+
+def add_fidelity_models(repo: Path, record_dir: Path) -> None:
+    """Iterative sequences and rescheduling (tests/models/reschedule.py), implicit state."""
+    add_model(repo, "reschedule_iterative", "reschedule", ITERATIVE + RESCHEDULE_IO)
+    add_model(repo, "reschedule_iterative_decoupled", "reschedule",
+              ITERATIVE + DECOUPLED + RESCHEDULE_IO)
+    add_model(repo, "reschedule_returns_response", "reschedule",
+              ITERATIVE + RESCHEDULE_IO + _parameter("misuse", "return_response"))
+    add_model(repo, "reschedule_not_iterative", "reschedule", RESCHEDULE_IO)
+    add_model(repo, "reschedule_not_iterative_decoupled", "reschedule",
+              DECOUPLED + RESCHEDULE_IO)
+    state_dir = add_model(repo, "sequence_state", "accumulator", STATE + SEQUENCE_IO
+                          + _parameter("record_file", f"{record_dir}/sequence_state.jsonl"))
+    (state_dir / "initial_state").mkdir(exist_ok=True)
+    (state_dir / "initial_state" / "seven.bin").write_bytes((7).to_bytes(4, "little"))
 
 
 def lifecycle_config(record_file: Path, generation: int = 1, decoupled: bool = False,

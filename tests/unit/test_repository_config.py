@@ -361,7 +361,8 @@ def test_tensor_specs_follow_config_order(tmp_path: Path) -> None:
      "dims: [1] }]",
      "iterative_sequence: true"],
 )
-def test_unsupported_sequence_features_are_refused(tmp_path: Path, sequence: str) -> None:
+def test_implicit_state_and_iterative_sequences_pass_validation(tmp_path: Path,
+                                                                sequence: str) -> None:
     from google.protobuf import text_format
 
     from tritium.repository.validation import validate_model_config
@@ -371,8 +372,7 @@ def test_unsupported_sequence_features_are_refused(tmp_path: Path, sequence: str
         'name: "m" backend: "python" max_batch_size: 1 '
         'input [{ name: "X" data_type: TYPE_FP32 dims: [1] }] '
         'output [{ name: "Y" data_type: TYPE_FP32 dims: [1] }] '
-        f"sequence_batching {{ {sequence} }}",
+        f"sequence_batching {{ {sequence} }} instance_group [{{ count: 1 kind: KIND_CPU }}]",
         config,
     )
-    with pytest.raises(ConfigError, match="not supported by tritium"):
-        validate_model_config(config)
+    validate_model_config(config)  # served since the sequence scheduler has both

@@ -18,6 +18,7 @@ def admitted() -> AdmittedRequest:
 @pytest.mark.parametrize("path", [
     [QUEUED, EXECUTING, DONE],  # ran
     [QUEUED, DONE],  # cancelled in the queue
+    [QUEUED, EXECUTING, QUEUED, EXECUTING, DONE],  # rescheduled by its model, then ran
 ])
 def test_legal_paths(path: list[RequestStage]) -> None:
     request = admitted()
@@ -32,7 +33,6 @@ def test_legal_paths(path: list[RequestStage]) -> None:
     ([], DONE),
     ([QUEUED], QUEUED),  # queued twice
     ([QUEUED], CREATED),
-    ([QUEUED, EXECUTING], QUEUED),  # back to the queue
     ([QUEUED, EXECUTING], EXECUTING),
     ([QUEUED, DONE], EXECUTING),  # a cancelled request run after all
     ([QUEUED, DONE], DONE),

@@ -53,6 +53,13 @@ MISSING_INPUTS = ("{expected} but got {count} inputs for model '{model}'. Got in
 PY_EXECUTE_FAILED = "Failed to process the request(s) for model '{instance}', message: {reason}"
 PY_DECOUPLED_RETURN = ("Python model '{instance}' is using the decoupled mode and the execute "
                        "function must return None.")
+# Triton's spelling ("reschduled").
+PY_RESCHEDULED_RESPONSE = ("Expected a None object in the execute function return list for "
+                           "reschduled request, found type '{type}'.")
+# -- request release (core src/infer_request.cc): a model rescheduled a request its model's
+# scheduler cannot take back (no iterative sequence batching, or the sequence's END).
+RESCHEDULE_NOT_CONFIGURED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, "
+                             "while the model is not configured to handle such a flag.")
 
 # -- BLS (python_backend src/request_executor.cc RequestExecutor::Infer): whatever the server
 # refuses while a request is submitted is reported with the model's name and this prefix.
@@ -83,6 +90,14 @@ JSON_PARAMETER_TYPE = ("parameter '{key}' has invalid type. It should be either 
 PROTO_WRONG_TYPE = "invalid value type for '{key}' parameter, expected {expected}."
 PROTO_NOT_BOOL = "invalid value type for '{key}' parameter, expected bool_param."
 PROTO_NEGATIVE = "invalid value for '{key}', expected value >= 0."
+# A model parameter of another kind (uint64_param, or none set), and the reserved prefix:
+# HTTP refuses every such key, gRPC names the one it allows.
+PROTO_MODEL_PARAMETER_TYPE = ("invalid value type for '{key}' parameter, expected int64_param, "
+                              "bool_param, or string_param.")
+RESERVED_PREFIX_HTTP = ("parameter keys starting with 'triton_' are reserved for Triton usage "
+                        "and should not be specified.")
+RESERVED_PREFIX_GRPC = ("parameter keys starting with 'triton_' are reserved for Triton usage. "
+                        "Only the following keys starting with 'triton_' are allowed: {allowed}")
 
 # -- pb_utils arguments Triton's own code checks (python_backend src/pb_stub.cc, pb_tensor.cc);
 # wrong C++ argument types are pybind11's TypeError (backends/python/arguments.py).

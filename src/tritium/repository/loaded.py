@@ -58,7 +58,7 @@ class LoadedModel:
         self.outputs: Mapping[str, TensorSpec] = outputs
         self.labels: dict[str, list[str]] = _read_labels(model_dir, config)
         self.served_by = ServedBy(self.name, version, self.max_batch_size > 0, self.labels)
-        self.scheduler = _scheduler(self.name, version, config, self.decoupled)
+        self.scheduler = _scheduler(self.name, version, config, self.decoupled, model_dir)
         self.instances: list[ModelInstance | SupervisedInstance] = []
         self.load_seconds = 0.0
         # Admitted requests whose final response has not been sent: what an unload waits
@@ -183,10 +183,11 @@ def _read_labels(model_dir: Path, config: Any) -> dict[str, list[str]]:
     return labels
 
 
-def _scheduler(name: str, version: int, config: Any, decoupled: bool) -> ModelScheduler:
+def _scheduler(name: str, version: int, config: Any, decoupled: bool, model_dir: Path
+               ) -> ModelScheduler:
     """The default scheduler (with or without dynamic batching), or for a stateful model
     (``sequence_batching``) the sequence scheduler."""
-    policy = SchedulerPolicy.from_config(config)
+    policy = SchedulerPolicy.from_config(config, model_dir)
     if policy.sequence is not None:
         return SequenceScheduler(name, version, policy, decoupled)
     return ModelScheduler(name, version, policy, decoupled)

@@ -114,16 +114,6 @@ def _check_sequence_features(config: Any) -> None:
         return
     batching = config.sequence_batching
     _check_control_kinds(config, batching)
-    if len(batching.state):
-        raise ConfigError(
-            f"sequence_batching 'state' (implicit state) is not supported by tritium "
-            f"(model '{config.name}')"
-        )
-    if batching.iterative_sequence:
-        raise ConfigError(
-            f"sequence_batching 'iterative_sequence' is not supported by tritium "
-            f"(model '{config.name}')"
-        )
 
 
 def _check_control_kinds(config: Any, batching: Any) -> None:

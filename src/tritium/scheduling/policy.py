@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tritium.core.errors import invalid
 from tritium.core.types import DataType
+from tritium.scheduling.implicit_state import ImplicitState, implicit_states
 
 
 class TimeoutAction(enum.Enum):
@@ -94,14 +96,30 @@ _CORRID_TYPES = (DataType.UINT64, DataType.INT64, DataType.UINT32, DataType.INT3
 
 
 @dataclass(frozen=True, slots=True)
+class OldestPolicy:
+    """``sequence_batching.oldest``: requests of several sequences batched together."""
+
+    max_candidate_sequences: int = 0  # 0: max(1, max_batch_size), as in Triton
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    preserve_ordering: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class SequencePolicy:
-    """A model's ``sequence_batching`` settings (the direct strategy)."""
+    """A model's ``sequence_batching`` settings."""
 
     max_idle_us: int = SEQUENCE_IDLE_DEFAULT_US
     controls: tuple[SequenceControl, ...] = ()
+    # ``iterative_sequence: true``: a request without a correlation id starts a sequence of
+    # its own, and the model may reschedule the requests it executes.
+    iterative: bool = False
+    oldest: OldestPolicy | None = None  # None: the direct strategy
+    states: tuple[ImplicitState, ...] = ()
 
     @classmethod
-    def from_config(cls, message: Any, model: str) -> SequencePolicy:
+    def from_config(cls, message: Any, model: str, max_batch_size: int = 0,
+                    model_dir: Path | None = None) -> SequencePolicy:
         """From a ``ModelSequenceBatching`` protobuf message of model ``model``."""
         controls: list[SequenceControl] = []
         for control_input in message.control_input:
@@ -113,9 +131,19 @@ class SequencePolicy:
                 raise invalid(f"sequence batching control input '{name}' of model '{model}' "
                               "is specified more than once")
             controls.append(_control(name, control_input.control[0], model))
+        oldest = None
+        if message.WhichOneof("strategy_choice") == "oldest":
+            settings = message.oldest
+            oldest = OldestPolicy(settings.max_candidate_sequences,
+                                  tuple(settings.preferred_batch_size),
+                                  settings.max_queue_delay_microseconds,
+                                  settings.preserve_ordering)
         return cls(
             max_idle_us=message.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_US,
             controls=tuple(controls),
+            iterative=message.iterative_sequence,
+            oldest=oldest,
+            states=implicit_states(message, max_batch_size, model_dir),
         )
 
 
@@ -177,11 +205,13 @@ class SchedulerPolicy:
         return any(policy.default_timeout_us for policy in self.level_policies())
 
     @classmethod
-    def from_config(cls, config: Any) -> SchedulerPolicy:
-        """From a completed ``ModelConfig`` protobuf message."""
+    def from_config(cls, config: Any, model_dir: Path | None = None) -> SchedulerPolicy:
+        """From a completed ``ModelConfig`` protobuf message (``model_dir``: where a
+        sequence's initial state files are)."""
         if config.HasField("sequence_batching"):
-            return cls(max_batch_size=config.max_batch_size,
-                       sequence=SequencePolicy.from_config(config.sequence_batching, config.name))
+            sequence = SequencePolicy.from_config(config.sequence_batching, config.name,
+                                                  config.max_batch_size, model_dir)
+            return cls(max_batch_size=config.max_batch_size, sequence=sequence)
         if not config.HasField("dynamic_batching"):
             return cls(max_batch_size=config.max_batch_size)
         batching = config.dynamic_batching

@@ -9,11 +9,17 @@ A sequence is released by its END request, by ``max_sequence_idle_microseconds``
 request, or by the cancellation of one of its queued requests, which cancels its other
 queued requests too (the model never sees them). Once released, its correlation id needs a
 START again.
+
+Iterative sequences (``iterative_sequence: true``), as Triton's IterativeSequencer: a request
+without a correlation id gets one of its own, with START; a request its model releases with
+RELEASE_RESCHEDULE goes back to the end of its instance's queue with neither START nor END,
+and the first execution that does not reschedule it ends its sequence.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -22,6 +28,8 @@ import numpy as np
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.request import (
+    RELEASE_ALL,
+    RELEASE_RESCHEDULE,
     SEQUENCE_END,
     SEQUENCE_START,
     AdmittedRequest,
@@ -72,6 +80,9 @@ class SequenceScheduler(ModelScheduler):
         super().__init__(model_name, version, policy, decoupled, clock)
         assert policy.sequence is not None
         self._controls = policy.sequence.controls
+        self._states = policy.sequence.states
+        self._iterative = policy.sequence.iterative
+        self._own_ids = itertools.count(1)  # an iterative request's own correlation ids
         self._control_shape = (1, 1) if policy.max_batch_size > 0 else (1,)
         self._idle_ns = policy.sequence.max_idle_us * 1000
         self._slots: dict[Instance, _Slot] = {}
@@ -95,11 +106,33 @@ class SequenceScheduler(ModelScheduler):
         slot = self._slots[instance]
         sequence, slot.running = slot.running, None
         if sequence is not None:
-            sequence.outstanding -= 1
-            if sequence.outstanding == 0 and not sequence.released:
-                self._mark_idle(sequence)
+            self._executed(batch[0], sequence)
         # Counts the batch, then puts the instance in ``_idle`` and calls ``_dispatch``.
         super().batch_done(instance, batch, exec_ns, woken)
+
+    def _executed(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        """``request`` of ``sequence`` came back from ``execute``."""
+        if self._iterative:
+            if _rescheduled(request):
+                self._requeue(request, sequence)
+                return
+            # Released without RESCHEDULE: Triton ends an iterative request's sequence.
+            self._release(sequence)
+        sequence.outstanding -= 1
+        if sequence.outstanding == 0 and not sequence.released:
+            self._mark_idle(sequence)
+
+    def _requeue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        """Queue a rescheduled request again, behind what its instance has queued; the
+        instance runs it once it is free (``batch_done`` dispatches)."""
+        request.release_flags = RELEASE_ALL
+        request.request.flags = 0  # neither START nor END, as Triton sets them
+        self._add_controls(request)
+        request.move_to(RequestStage.QUEUED)
+        sequence.waiting[request] = None  # ``outstanding`` still counts it
+        self._queued[request] = sequence
+        self.stats.pending += 1
+        sequence.slot.queue.append(request)
 
     def _dispatch(self) -> None:
         # ``_idle`` is only the base class's hand-over of instances that became free.
@@ -112,8 +145,12 @@ class SequenceScheduler(ModelScheduler):
         if not self.accepting:
             raise self._not_accepting()
         if not request.request.correlation_id:
-            raise invalid(f"inference request to model '{self.model_name}' must specify a "
-                          "non-zero or non-empty correlation ID")
+            if not self._iterative:
+                raise invalid(f"inference request to model '{self.model_name}' must specify "
+                              "a non-zero or non-empty correlation ID")
+            # A sequence of its own, as Triton's IterativeSequencer gives it.
+            request.request.correlation_id = next(self._own_ids)
+            request.request.flags = SEQUENCE_START
         self._add_controls(request)  # before the sequence is bound: it may refuse
         sequence = self._sequence_for(request)
         request.move_to(RequestStage.QUEUED)
@@ -226,6 +263,10 @@ class SequenceScheduler(ModelScheduler):
             sequence = self._queued.get(request)
             if sequence is None:
                 continue  # cancelled while queued
+            if request.stage is not RequestStage.QUEUED:
+                # Rescheduled, then ended by a FINAL its model sent from elsewhere.
+                self._drop_ended(request, sequence)
+                continue
             if request.cancellation.reason is not None:
                 # Cancelled on another thread; its callback has not reached us yet.
                 self.request_cancelled(request)
@@ -234,6 +275,14 @@ class SequenceScheduler(ModelScheduler):
             del sequence.waiting[request]
             slot.running = sequence
             self._start([request], slot.instance)
+
+    def _drop_ended(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        del self._queued[request]
+        del sequence.waiting[request]
+        self.stats.pending -= 1
+        sequence.outstanding -= 1
+        if self._iterative:
+            self._release(sequence)
 
     def _unqueue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         request.move_to(RequestStage.DONE)
@@ -248,6 +297,14 @@ class SequenceScheduler(ModelScheduler):
         for control in self._controls:
             data = _control_value(control, decoded).reshape(shape)
             decoded.inputs[control.name] = Tensor(control.name, control.datatype, shape, data)
+        for state in self._states:
+            decoded.inputs[state.input_name] = state.tensor()
+
+
+def _rescheduled(request: AdmittedRequest) -> bool:
+    """The model released ``request`` with RESCHEDULE and someone still waits for it."""
+    return (request.release_flags == RELEASE_RESCHEDULE
+            and request.stage is RequestStage.EXECUTING and not request.stream.closed)
 
 
 def _control_value(control: SequenceControl, request: InferenceRequest) -> np.ndarray:

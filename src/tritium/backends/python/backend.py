@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import types
@@ -16,7 +17,7 @@ from tritium.backends.python.response import InferenceResponse
 from tritium.core import messages
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
-from tritium.core.response import ImmediateWakes
+from tritium.core.response import ImmediateWakes, StreamClosedError
 from tritium.core.response import InferenceResponse as CoreResponse
 from tritium.core.service import InferenceService
 
@@ -106,6 +107,10 @@ class PythonBackend:
             if result is not None:
                 self._fail(received,
                            messages.PY_DECOUPLED_RETURN.format(instance=self.instance_name))
+                return
+            for request in received:
+                if request.rescheduled() and not request.may_reschedule():
+                    self._refuse_reschedule(request)
             return
         if result is None:
             # Triton lets a non-decoupled model answer every request through its sender.
@@ -118,6 +123,11 @@ class PythonBackend:
             self._finish(request, response)
 
     def _finish(self, request: ReceivedRequest, response: InferenceResponse | None) -> None:
+        if request.rescheduled():
+            # Its response comes from a later execute, once the scheduler runs it again.
+            if not request.may_reschedule():
+                self._refuse_reschedule(request)
+            return
         if response is not None:
             try:
                 request.finish(response)
@@ -135,6 +145,17 @@ class PythonBackend:
                 "without sending its response through the response sender"
             )
 
+    def _refuse_reschedule(self, request: ReceivedRequest) -> None:
+        """Triton's core refuses the release and the python backend releases the request
+        with ALL instead, logging "Failed to release request"; nothing more can answer
+        it, so the client gets the refusal rather than waiting forever."""
+        request.keep_flags()
+        log.error("model '%s': Failed to release request: %s", self.model_name,
+                  messages.RESCHEDULE_NOT_CONFIGURED)
+        error = TritiumError(ErrorCode.INTERNAL, messages.RESCHEDULE_NOT_CONFIGURED)
+        with contextlib.suppress(StreamClosedError):  # its model ended it already
+            request.get_response_sender().close_with(CoreResponse.failure(error))
+
     def _fail(
         self, received: list[ReceivedRequest], message: str, exc: BaseException | None = None
     ) -> None:
@@ -142,6 +163,7 @@ class PythonBackend:
         log.error("%s", text, exc_info=exc)
         failure = CoreResponse.failure(TritiumError(ErrorCode.INTERNAL, text))
         for request in received:
+            request.keep_flags()  # a failed execute reschedules nothing, as in Triton
             # Closing every sender also stops a model thread from sending after this.
             request.get_response_sender().close_with(failure)
 
@@ -159,6 +181,8 @@ def _returned_problem(received: list[ReceivedRequest], result: Any) -> str | Non
     for request, response in zip(received, result, strict=True):
         if response is None:
             continue
+        if request.rescheduled():
+            return messages.PY_RESCHEDULED_RESPONSE.format(type=type(response))
         if not isinstance(response, InferenceResponse):
             return (
                 "Expected an 'InferenceResponse' object in the execute function return "

@@ -58,7 +58,8 @@ def create_python_backend(
         forget_module(module)
         raise TritiumError(ErrorCode.INTERNAL, describe_exception(exc)) from exc
     context = RequestContext(
-        [output.name for output in config.output], config.model_transaction_policy.decoupled
+        [output.name for output in config.output], config.model_transaction_policy.decoupled,
+        config.sequence_batching.iterative_sequence,
     )
     return PythonBackend(model, info.model_name, str(version_dir), service, context, module,
                          instance_name=info.instance_name)

@@ -15,10 +15,10 @@ from tritium.backends.python.pb_tensor import Tensor
 from tritium.backends.python.response import InferenceResponse, check_parameters, to_core
 from tritium.backends.python.sender import InferenceResponseSender
 from tritium.core import messages
-from tritium.core.request import AdmittedRequest
+from tritium.core.request import RELEASE_ALL, RELEASE_RESCHEDULE, SEQUENCE_END, AdmittedRequest
 
-TRITONSERVER_REQUEST_RELEASE_ALL = 1
-TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_REQUEST_RELEASE_ALL = RELEASE_ALL
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = RELEASE_RESCHEDULE
 
 
 class MemoryType(enum.IntEnum):
@@ -136,7 +136,10 @@ class InferenceRequest:
         raise TritonModelException("A BLS request has no response sender")
 
     def set_release_flags(self, flags: int) -> None:
-        raise TritonModelException("Release flags apply to requests being executed")
+        # Triton's binding stores the flags on any request; only an executed request is
+        # ever released with them, so on a BLS request they do nothing.
+        arguments.integer("InferenceRequest.set_release_flags()", "flags", flags,
+                          arguments.UINT32)
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run the request on the server; errors come back inside the response."""
@@ -154,12 +157,15 @@ class InferenceRequest:
 class RequestContext:
     """What every request an instance executes shares: the model's outputs and policy."""
 
-    __slots__ = ("decoupled", "output_names", "sorted_output_names")
+    __slots__ = ("decoupled", "iterative", "output_names", "sorted_output_names")
 
-    def __init__(self, output_names: list[str], decoupled: bool) -> None:
+    def __init__(self, output_names: list[str], decoupled: bool, iterative: bool = False
+                 ) -> None:
         self.output_names = frozenset(output_names)
         self.sorted_output_names = sorted(self.output_names)
         self.decoupled = decoupled
+        # ``sequence_batching { iterative_sequence: true }``: requests may be rescheduled.
+        self.iterative = iterative
 
 
 class ReceivedRequest(InferenceRequest):
@@ -224,10 +230,9 @@ class ReceivedRequest(InferenceRequest):
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
-        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
-            raise TritonModelException(
-                "Rescheduling requests (iterative sequences) is not supported yet"
-            )
+        """Read when ``execute`` returns: RESCHEDULE runs this request again later."""
+        self._admitted.release_flags = arguments.integer(
+            "InferenceRequest.set_release_flags()", "flags", flags, arguments.UINT32)
 
     def exec(self, decoupled: bool = False) -> Any:
         raise TritonModelException("Only requests created by the model can be executed")
@@ -236,6 +241,18 @@ class ReceivedRequest(InferenceRequest):
         raise TritonModelException("Only requests created by the model can be executed")
 
     # -- for the backend -------------------------------------------------------
+    def rescheduled(self) -> bool:
+        return self._admitted.release_flags == RELEASE_RESCHEDULE
+
+    def may_reschedule(self) -> bool:
+        """Whether the scheduler takes this request back: Triton's sequence batcher does for
+        an iterative sequence, except for a request that carried the sequence's END."""
+        return self._context.iterative and not self._core.flags & SEQUENCE_END
+
+    def keep_flags(self) -> None:
+        """Release with ALL, as Triton resets the flags of a request whose execute failed."""
+        self._admitted.release_flags = RELEASE_ALL
+
     def wanted_outputs(self) -> Container[str]:
         names = self._core.requested_output_names()
         return self._context.output_names if names is None else frozenset(names)

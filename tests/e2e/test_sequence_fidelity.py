@@ -1,0 +1,146 @@
+"""Triton's sequence batcher features a python model relies on: iterative sequences with
+request rescheduling, and implicit state."""
+
+from __future__ import annotations
+
+import json
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+
+from tests.e2e.test_generate import sse_events, url
+from tests.e2e.test_protocols import Client
+from tests.e2e.test_sequences import new_sequence, step
+from tests.server_process import TritiumProcess
+from tritium.core import messages
+
+START, END = 1, 2
+
+
+@pytest.fixture(params=["http", "grpc"])
+def client(request: pytest.FixtureRequest, server: TritiumProcess) -> Iterator[Client]:
+    wrapped = Client(request.param, server)
+    yield wrapped
+    wrapped.raw.close()
+
+
+def executions(client: Client, model: str, times: int, **options: Any
+               ) -> tuple[int, list[list[Any]]]:
+    outputs, _ = client.infer(model, {"IN": np.array([times], dtype=np.int32)}, **options)
+    seen = outputs["SEEN"][0]
+    return int(outputs["OUT"][0]), json.loads(seen.decode() if isinstance(seen, bytes) else seen)
+
+
+def test_a_rescheduled_request_is_answered_by_its_last_execution(client: Client) -> None:
+    """python_backend README "Request Rescheduling" and Triton's request_rescheduling_addsub
+    QA model: with ``iterative_sequence: true`` a non-decoupled model releases a request with
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE and returns None for it; it is executed again,
+    and the client gets the one response of the execution that does not reschedule. A
+    request without a correlation id gets one of its own with START (IterativeSequencer),
+    and each rescheduled execution carries neither START nor END."""
+    count, seen = executions(client, "reschedule_iterative", 3)
+    assert count == 3
+    ids = {cid for cid, _ in seen}
+    assert len(ids) == 1 and ids != {0}
+    assert [flags for _, flags in seen] == [START, 0, 0]
+    # Concurrent requests keep apart: each has its own sequence.
+    other, other_seen = executions(client, "reschedule_iterative", 2)
+    assert other == 2 and {cid for cid, _ in other_seen}.isdisjoint(ids)
+
+
+def test_a_client_sequence_id_is_kept_and_ended_by_the_last_execution(client: Client) -> None:
+    """A request with its own correlation id keeps it; once an execution releases it
+    without RESCHEDULE, Triton ends its sequence (a cancelled END marker), so a request
+    continuing it needs START again."""
+    sequence = new_sequence()
+    count, seen = executions(client, "reschedule_iterative", 2, sequence_id=sequence,
+                             sequence_start=True)
+    assert count == 2 and seen == [[sequence, START], [sequence, 0]]
+    error = client.failure(lambda: executions(client, "reschedule_iterative", 1,
+                                              sequence_id=sequence))
+    assert error.status() == client.status("INVALID_ARG")
+    assert "must specify the START flag" in error.message()
+
+
+def test_a_decoupled_model_streams_from_each_execution_over_grpc(server: TritiumProcess
+                                                                  ) -> None:
+    """Triton's iterative_sequence QA model and L0_backend_python request_rescheduling
+    grpc_endpoint_test: a decoupled model sends a response, reschedules the request before
+    execute returns, and sends FINAL from its last execution; the stream sees every
+    response, counting down to 0."""
+    results: queue.Queue[Any] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as raw:
+        raw.start_stream(lambda result, error: results.put(error or result))
+        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([3], dtype=np.int32))
+        raw.async_stream_infer("reschedule_iterative_decoupled", [tensor],
+                               enable_empty_final_response=True)
+        got = []
+        while True:
+            item = results.get(timeout=60)
+            assert not isinstance(item, Exception), item
+            got.append(item)
+            if item.get_response().parameters["triton_final_response"].bool_param:
+                break
+        raw.stop_stream()
+    assert [int(r.as_numpy("OUT")[0]) for r in got] == [2, 1, 0]
+
+
+def test_a_decoupled_model_streams_from_each_execution_over_http(server: TritiumProcess
+                                                                  ) -> None:
+    """The same model through /generate_stream: one event per execution's response."""
+    with requests.post(url(server, "reschedule_iterative_decoupled", "generate_stream"),
+                       json={"IN": 4}, stream=True, timeout=60) as reply:
+        assert reply.status_code == 200
+        events = sse_events(reply)
+    assert [event["OUT"] for _, event in events] == [3, 2, 1, 0]
+    last = json.loads(events[-1][1]["SEEN"])
+    assert [flags for _, flags in last] == [START, 0, 0, 0]
+
+
+def test_a_response_returned_for_a_rescheduled_request_fails_it(client: Client) -> None:
+    """python_backend pb_stub.cc ProcessReturnedResponses (and Triton's wrong_return_type
+    QA model): the returned list must hold None for a rescheduled request; otherwise the
+    execute fails with "Expected a None object in the execute function return list for
+    reschduled request" (Triton's spelling), and nothing is rescheduled."""
+    error = client.failure(lambda: executions(client, "reschedule_returns_response", 2))
+    assert error.status() == client.status("INTERNAL")
+    assert ("Expected a None object in the execute function return list for reschduled "
+            "request, found type") in error.message()
+
+
+@pytest.mark.parametrize("model", ["reschedule_not_iterative"])
+def test_rescheduling_needs_an_iterative_sequence(client: Client, model: str) -> None:
+    """core infer_request.cc: a request released with RESCHEDULE by a model not configured
+    for it (no iterative sequence batching) is refused, and the python backend releases it
+    with ALL. Triton's client would wait for a response that never comes; tritium answers
+    with the core's refusal."""
+    error = client.failure(lambda: executions(client, model, 2))
+    assert error.status() == client.status("INTERNAL")
+    assert messages.RESCHEDULE_NOT_CONFIGURED in error.message()
+
+
+def test_a_decoupled_model_cannot_reschedule_without_an_iterative_sequence(
+        server: TritiumProcess) -> None:
+    """The same refusal ends a decoupled request's stream after the response it sent."""
+    with requests.post(url(server, "reschedule_not_iterative_decoupled", "generate_stream"),
+                       json={"IN": 3}, stream=True, timeout=60) as reply:
+        body = reply.text
+    assert '"OUT":2' in body.replace(" ", "")
+    assert messages.RESCHEDULE_NOT_CONFIGURED in body
+
+
+def test_implicit_state_input_carries_the_initial_state(client: Client) -> None:
+    """Triton docs "Implicit State Management" and core sequence_state.cc: every request of
+    a sequence gets the state's input_name tensor, set up at START from initial_state
+    (here data_file initial_state/seven.bin). The python backend never calls
+    TRITONBACKEND_StateUpdate, so a python model sees that initial state on every request."""
+    sequence = new_sequence()
+    seen = [step(client, sequence, value, start=value == 1, end=value == 3,
+                 model="sequence_state")[1] for value in (1, 2, 3)]
+    assert [s["controls"] for s in seen] == [{"IN_STATE": 7}] * 3
