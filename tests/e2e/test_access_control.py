@@ -22,6 +22,9 @@ from tritonclient.utils import InferenceServerException
 from tests.server_process import TritiumProcess
 from tests.zoo import add_model
 
+# Thread kind only: which APIs a listener restricts, decided before any instance runs.
+INSTANCE_KINDS = ("thread",)
+
 MODEL = "identity_fp32"
 INFER_KEY = {"infer-key": "k1"}
 PROBE_KEY = {"probe-key": "p1"}

@@ -9,20 +9,22 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
+from tests.e2e.conftest import instance_kinds
 from tests.server_process import TritiumProcess
 from tests.zoo import _tensor, add_model
 
 LABELS = 'app="demo",zone="z1"'
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritiumProcess]:
+@pytest.fixture(scope="module", params=instance_kinds())
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[TritiumProcess]:
     repo = tmp_path_factory.mktemp("custom_metrics")
     add_model(repo, "custom_metrics", "custom_metrics",
               _tensor("input", "INPUT0", "FP32", "-1") + _tensor("output", "OUTPUT0", "FP32", "-1"))
     add_model(repo, "metric_misuse", "metric_misuse",
               _tensor("input", "INPUT0", "BYTES", "1") + _tensor("output", "OUTPUT0", "BYTES", "1"))
-    process = TritiumProcess(repo).start()
+    process = TritiumProcess(repo, "--python-instance-kind", request.param).start(timeout=120)
     yield process
     assert process.stop() == 0, process.log()
 

@@ -45,6 +45,9 @@ from tritium.frontends.grpc.http2 import (
 )
 from tritium.frontends.grpc.status import GrpcStatus
 
+# Thread kind only: the gRPC transport's limits, enforced before any instance runs.
+INSTANCE_KINDS = ("thread",)
+
 MIB = 1 << 20
 BUDGET = 8 * MIB
 MAX_CONNECTIONS = 40

@@ -42,6 +42,10 @@ from tritium.frontends.grpc.http2 import (
 )
 from tritium.frontends.grpc.status import GrpcStatus
 
+# Thread kind only: raw HTTP/2 frames against the gRPC transport, which never reaches an
+# instance.
+INSTANCE_KINDS = ("thread",)
+
 SERVICE = "/inference.GRPCInferenceService"
 INFER = f"{SERVICE}/ModelInfer"
 TIMEOUT_S = 30.0  # any single wait for the server; generous for a busy CI machine

@@ -21,6 +21,9 @@ from tests.e2e.observe import metric
 from tests.server_process import TritiumProcess
 from tests.zoo import add_model
 
+# Thread kind only: the HTTP transport's limits, enforced before any instance runs.
+INSTANCE_KINDS = ("thread",)
+
 PROMPT_S = 2.0  # an unrelated request during an attack must be answered within this
 BOUND_S = 15.0  # generous: a wait that hits it means the bound is missing
 MiB = 1024 * 1024

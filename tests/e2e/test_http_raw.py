@@ -13,6 +13,10 @@ import requests
 from tests.server_process import TritiumProcess
 from tests.zoo import add_model
 
+# Thread kind only: raw HTTP/1.1 bytes against the HTTP transport, which never reaches an
+# instance.
+INSTANCE_KINDS = ("thread",)
+
 INFER = b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\n"
 
 

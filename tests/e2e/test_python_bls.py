@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.conftest import instance_kinds
 from tests.server_process import TritiumProcess
 from tests.zoo import add_model
 
@@ -68,11 +69,13 @@ STARTUP_MODELS = ("async_decoupled", "repeat", "bls_async_stream", "until_cancel
                   "bls_cancel", "model_control")
 
 
-@pytest.fixture(scope="module")
-def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritiumProcess]:
+@pytest.fixture(scope="module", params=instance_kinds())
+def explicit_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                    ) -> Iterator[TritiumProcess]:
     repo = build(tmp_path_factory.mktemp("bls_repo"))
     loads = [arg for name in STARTUP_MODELS for arg in ("--load-model", name)]
-    process = TritiumProcess(repo, "--model-control-mode", "explicit", *loads).start()
+    process = TritiumProcess(repo, "--model-control-mode", "explicit", *loads,
+                             "--python-instance-kind", request.param).start(timeout=120)
     yield process
     code = process.stop()
     assert code == 0, process.log()
@@ -283,11 +286,12 @@ def test_bls_from_initialize_fails_the_load(explicit_server: TritiumProcess) -> 
     assert ready.status_code != 200
 
 
-@pytest.fixture(scope="module")
-def default_mode_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritiumProcess]:
+@pytest.fixture(scope="module", params=instance_kinds())
+def default_mode_server(request: pytest.FixtureRequest,
+                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritiumProcess]:
     repo = tmp_path_factory.mktemp("control_repo")
     add_control_models(repo)
-    process = TritiumProcess(repo).start()
+    process = TritiumProcess(repo, "--python-instance-kind", request.param).start(timeout=120)
     yield process
     code = process.stop()
     assert code == 0, process.log()

@@ -29,6 +29,9 @@ from tests.e2e.observe import Records
 from tests.server_process import TritiumProcess
 from tests.zoo import add_model
 
+# Thread kind only: TLS on the listeners, the same whichever kind of instance answers.
+INSTANCE_KINDS = ("thread",)
+
 MODEL = "identity_fp32"
 HEADER_TIMEOUT_S = 3
 TENSORS = ('input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] }]\n'
