@@ -266,3 +266,30 @@ def test_http_json_names_shapes_and_types(server: TritiumProcess, body: dict[str
     reply = requests.post(f"http://{server.http_url}/v2/models/add_sub/infer", json=body,
                           timeout=30)
     assert (reply.status_code, reply.json()) == (400, {"error": expected})
+
+
+def test_http_reserved_parameter_prefix(server: TritiumProcess) -> None:
+    """ParseJsonTritonParams refuses every key starting with "triton_": "parameter keys
+    starting with 'triton_' are reserved for Triton usage and should not be specified."."""
+    reply = requests.post(f"http://{server.http_url}/v2/models/add_sub/infer",
+                          json=_add_sub_body({"triton_x": 1}), timeout=30)
+    assert (reply.status_code, reply.json()) == (400, {"error": (
+        "parameter keys starting with 'triton_' are reserved for Triton usage and should not "
+        "be specified.")})
+
+
+@pytest.mark.parametrize(("parameters", "expected"), [
+    (_grpc_parameter("triton_x", bool_param=True), "parameter keys starting with 'triton_' "
+     "are reserved for Triton usage. Only the following keys starting with 'triton_' are "
+     "allowed: triton_enable_empty_final_response"),
+    (_grpc_parameter("k", uint64_param=1), "invalid value type for 'k' parameter, expected "
+     "int64_param, bool_param, or string_param."),
+    (_grpc_parameter("k"), "invalid value type for 'k' parameter, expected int64_param, "
+     "bool_param, or string_param."),
+])
+def test_grpc_model_parameter_refusals(server: TritiumProcess, parameters: dict[str, Any],
+                                       expected: str) -> None:
+    """SetInferenceRequestMetadata (grpc/infer_handler.cc): a "triton_" key it does not know
+    is refused naming the ones it does (TRITON_RESERVED_REQUEST_PARAMS, common.h); a model
+    parameter must be int64, bool, string (or double) valued."""
+    test_grpc_parameter_of_the_wrong_type(server, parameters, expected)

@@ -59,9 +59,13 @@ def apply_known_parameter(
     return True
 
 
-def refuse_reserved(key: str, also: frozenset[str] = frozenset()) -> None:
-    """Refuse a model parameter whose key Triton keeps for itself (``also``: more such keys)."""
-    if key.startswith(RESERVED_PREFIX) or key in also:
+def refuse_reserved(key: str, also: frozenset[str] = frozenset(),
+                    prefix_text: str = messages.RESERVED_PREFIX_HTTP) -> None:
+    """Refuse a model parameter whose key Triton keeps for itself (``also``: more such keys);
+    ``prefix_text``: how the frontend words a key starting with ``triton_``."""
+    if key.startswith(RESERVED_PREFIX):
+        raise invalid(prefix_text)
+    if key in also:
         raise invalid(
             f"parameter key '{key}' is reserved for Triton usage and should not be specified."
         )

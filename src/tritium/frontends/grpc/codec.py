@@ -345,14 +345,16 @@ def _apply_parameters(request: InferenceRequest, state: GrpcRequestState, params
             request.parameters[key] = _model_parameter(key, param)
 
 
+_RESERVED_TEXT = messages.RESERVED_PREFIX_GRPC.format(allowed=EMPTY_FINAL_KEY)
+
+
 def _model_parameter(key: str, param: pb.InferParameter) -> ParamValue:
-    refuse_reserved(key)
-    if param.WhichOneof("parameter_choice") == "uint64_param":
-        raise invalid(
-            f"parameter '{key}' has an unsupported type: use int64_param, bool_param, "
-            "string_param or double_param"
-        )
-    return parameter_value(key, param)
+    refuse_reserved(key, prefix_text=_RESERVED_TEXT)
+    kind = param.WhichOneof("parameter_choice")
+    if kind is None or kind == "uint64_param":
+        raise invalid(messages.PROTO_MODEL_PARAMETER_TYPE.format(key=key))
+    result: ParamValue = getattr(param, kind)
+    return result
 
 
 # -------------------------------------------------------------------------- response
