@@ -53,6 +53,13 @@ MISSING_INPUTS = ("{expected} but got {count} inputs for model '{model}'. Got in
 PY_EXECUTE_FAILED = "Failed to process the request(s) for model '{instance}', message: {reason}"
 PY_DECOUPLED_RETURN = ("Python model '{instance}' is using the decoupled mode and the execute "
                        "function must return None.")
+# Triton's spelling ("reschduled").
+PY_RESCHEDULED_RESPONSE = ("Expected a None object in the execute function return list for "
+                           "reschduled request, found type '{type}'.")
+# -- request release (core src/infer_request.cc): a model rescheduled a request its model's
+# scheduler cannot take back (no iterative sequence batching, or the sequence's END).
+RESCHEDULE_NOT_CONFIGURED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, "
+                             "while the model is not configured to handle such a flag.")
 
 # -- BLS (python_backend src/request_executor.cc RequestExecutor::Infer): whatever the server
 # refuses while a request is submitted is reported with the model's name and this prefix.
