@@ -3,8 +3,10 @@
 Families and series live in the parent, in the registry /metrics reads, so instances of
 one model (each its own process) share a series as thread instances do, and a series'
 value is the server's. The child checks arguments itself (the same code as the thread
-kind) and sends the operations; each waits for the server, as Triton's stub waits for its
-parent, so ``value()`` reads what was written before it.
+kind) and sends the operations. Creating a family or a series and reading a value wait for
+the server; an update does not (nothing is left to refuse once the child checked it), and
+the server runs calls in the order they were sent, so ``value()`` reads what was written
+before it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from tritium.backends.python.metric import FamilySnapshot, MetricFamily, MetricK
 from tritium.core.errors import ErrorCode, TritiumError
 
 if TYPE_CHECKING:
-    from tritium.execution.process.calls import CallContext, ChildLink, Handler
+    from tritium.execution.process.calls import Call, CallContext, ChildLink, Handler
 
 FAMILY = "metric.family"
 SERIES = "metric.series"
@@ -88,9 +90,8 @@ class RemoteSeries:
         self._name = family
         self._key: LabelKey = tuple(sorted(labels.items()))
 
-    def _update(self, operation: str, value: float = 0.0) -> Any:
-        payload, _ = self._link.call(UPDATE, (self._name, self._key, operation, value)).result()
-        return payload
+    def _update(self, operation: str, value: float = 0.0) -> Call:
+        return self._link.call(UPDATE, (self._name, self._key, operation, value))
 
     def add(self, value: float) -> None:
         self._update("add", value)
@@ -99,7 +100,7 @@ class RemoteSeries:
         self._update("set", value)
 
     def get(self) -> float:
-        return float(self._update("get"))
+        return float(self._update("get").result()[0])
 
     def observe(self, value: float) -> None:
         self._update("observe", value)
