@@ -544,3 +544,26 @@ def test_forwarded_records_keep_name_level_and_text() -> None:
     assert len(captured.records) == 2, "DEBUG is dropped by the server logger's level"
     assert formatted[1].startswith("ERROR tritium.test_process_calls: failed\nTraceback")
     assert "ValueError: boom" in formatted[1]
+
+
+def test_instance_gone_ends_its_bls_children() -> None:
+    """The instance process died (its calls are cancelled, not by the caller): nobody will
+    read the child's responses, so its stream ends at once instead of running on."""
+    async def main() -> tuple[FakeService, list[Reply]]:
+        service = FakeService(asyncio.get_running_loop())
+        call = FakeCall(service.loop)
+        context = call.context = FakeContext(service, call, [])
+        payload, buffers = wire.encode_request(fp32_request([1.0]))
+        payload["model_name"] = "hang"
+        serving = asyncio.ensure_future(bls.serve_stream(context, payload, list(buffers)))
+        async with asyncio.timeout(WAIT_S):
+            await service.submitted.wait()
+        context.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+        async with asyncio.timeout(WAIT_S):
+            await serving
+        return service, list(call.replies())
+
+    service, replies = asyncio.run(main())
+    assert service.children[0].cancellation.reason is CancelReason.PARENT_CANCELLED
+    [(payload, _, final)] = replies
+    assert final and payload["error"][0] == "CANCELLED"

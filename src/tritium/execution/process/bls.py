@@ -56,10 +56,14 @@ def _child_cancellation(ctx: CallContext, loop: asyncio.AbstractEventLoop
     parents = [parent.cancellation for parent in ctx.parents]
     child = Cancellation.following(loop, parents, CancelReason.PARENT_CANCELLED)
 
-    def on_call_cancelled(_: Cancellation) -> None:
-        # As ResponseIterator.cancel() does in process: the caller still reads what the
-        # child sends until it ends.
-        child.cancel(CancelReason.CLIENT_CANCELLED)
+    def on_call_cancelled(call: Cancellation) -> None:
+        if call.reason is CancelReason.CLIENT_CANCELLED:
+            # The caller cancelled (ResponseIterator.cancel(), a cancelled async_exec): as in
+            # process, it still reads what the child sends until the child ends.
+            child.cancel(CancelReason.CLIENT_CANCELLED)
+        else:
+            # The instance process is gone: nobody reads, so the child's stream ends now.
+            child.cancel(CancelReason.PARENT_CANCELLED)
 
     ctx.cancellation.add_callback(on_call_cancelled)
     return child, on_call_cancelled
