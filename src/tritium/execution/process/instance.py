@@ -25,6 +25,7 @@ from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import InferenceResponse, ResponseStream, StreamClosedError
+from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo
 from tritium.execution.process import channel as ch
 from tritium.execution.process.channel import CallContext, Frame, ParentChannel
@@ -124,8 +125,10 @@ class ProcessInstance:
         self.pid = self._process.pid
         self._channel = ParentChannel(self._loop, parent_sock, self._on_frame, self._on_eof)
         self._loop.create_task(self._watch(self._process))
+        placement = placement_module.current()
         self._channel.send((ch.INIT, asdict(self.info), self.config.SerializeToString(),
-                            DEFAULT_CAPACITY, RING_BYTES, self._flags.slots))
+                            DEFAULT_CAPACITY, RING_BYTES, self._flags.slots,
+                            (placement.home, sorted(placement.everywhere))))
         await asyncio.shield(self._ready)
 
     def submit(self, batch: list[AdmittedRequest]) -> None:

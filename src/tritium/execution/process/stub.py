@@ -25,6 +25,9 @@ from tritium.core.request import RELEASE_ALL, InferenceRequest, RequestedOutput
 from tritium.core.response import InferenceResponse, StreamClosedError
 from tritium.core.types import Tensor
 from tritium.execution.backend import InstanceInfo
+from tritium.execution.placement import ThreadPlacement
+from tritium.execution.placement import current as current_placement
+from tritium.execution.placement import install as install_placement
 from tritium.execution.process import channel as ch
 from tritium.execution.process.channel import ChildLink, Frame
 from tritium.execution.process.flags import FlagView, SlotCancellation
@@ -91,6 +94,7 @@ class InstanceServer:
         self._inbox: collections.deque[Frame] = collections.deque()
         self._deferred: list[tuple[int, tuple[Any, ...]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._placement = current_placement()
 
     # -- responses -----------------------------------------------------------
     def send_response(self, slot: int, response: InferenceResponse) -> None:
@@ -132,6 +136,7 @@ class InstanceServer:
         """Synchronous models: this thread reads the socket between batches."""
         self._link.on_frame = self._inbox.append
         inbox = self._inbox
+        self._placement.settle()
         while True:
             try:
                 self._link.wait_until(lambda: bool(inbox))
@@ -148,12 +153,15 @@ class InstanceServer:
 
     def _execute(self, batch_id: int, requests: list[ChildRequest]) -> None:
         started = time.monotonic_ns()
+        self._placement.widen()
         with core_response.DeferredWakes():
             try:
                 self._backend.execute(requests)
             except BaseException as exc:  # the backend never raises; belt and braces
                 self._fail(requests, exc)
         elapsed = time.monotonic_ns() - started
+        # Home before waking the server, so the wake-up stays on one core.
+        self._placement.narrow()
         deferred, self._deferred = self._deferred, []
         self._link.send((ch.DONE, batch_id, elapsed, deferred, _released(requests)))
 
@@ -287,7 +295,7 @@ def main() -> int:
     link = ChildLink(socket.socket(fileno=sock_fd))
     ch.set_child_link(link)
     try:
-        _, fields, config_bytes, capacity, ring_bytes, slots = _first_frame(link)
+        _, fields, config_bytes, capacity, ring_bytes, slots, cores = _first_frame(link)
     except EOFError:
         return 1
     info = InstanceInfo(**fields)
@@ -306,6 +314,13 @@ def main() -> int:
     config = model_config_pb2.ModelConfig()
     config.ParseFromString(config_bytes)
     _install_bridge(link)
+    # Placed as the server places an instance thread (execution/placement.py): on the
+    # event loop's core between batches, so that each hand-over wakes nothing elsewhere;
+    # model code (initialize, execute, the threads it starts) on every allowed core.
+    home, everywhere = cores
+    placement = ThreadPlacement(home, frozenset(everywhere))
+    install_placement(placement)
+    placement.release()
     backend = _load(link, info, config)
     if backend is None:
         return 0
