@@ -487,6 +487,14 @@ def test_inputs_are_checked_against_the_model_before_any_data_is_decoded() -> No
         codec.decode_infer_request(message, handle(Model()))
 
 
+def test_a_request_checked_against_a_model_says_for_which() -> None:
+    """The core trusts the per-input checks for that handle only (validation.py)."""
+    model = handle(Model())
+    message = raw_message("FP32", [2], b"\x00" * 8)
+    assert codec.decode_infer_request(message, model).checked_for is model
+    assert codec.decode_infer_request(message).checked_for is None
+
+
 @pytest.mark.parametrize("shape, text", [
     ([1] * 65, "has 65 dimensions, more than the 64 allowed"),
     ([2**31, 2**31, 2**31], "more elements than a tensor can"),

@@ -663,6 +663,19 @@ def test_inputs_are_checked_against_the_model_before_any_data_is_decoded() -> No
         decode_infer_request(body, None, "m", None, model=handle(batched))
 
 
+def test_a_request_checked_against_a_model_says_for_which() -> None:
+    """The core trusts the per-input checks for that handle only (validation.py): a request
+    decoded without a model, or a raw binary one, is checked again by the core."""
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
+                                     "data": [1, 2]}]})
+    model = handle(Model())
+    assert decode_infer_request(body, None, "m", None, model=model).checked_for is model
+    assert decode_infer_request(body, None, "m", None).checked_for is None
+    raw = decode_raw_binary_request(b"\x00" * 8, TensorSpec("x", DataType.FP32, (-1,)),
+                                    False, "m", None)
+    assert raw.checked_for is None
+
+
 @pytest.mark.parametrize("shape, message", [
     ([1] * 65, "has 65 dimensions, more than the 64 allowed"),
     ([2**31, 2**31, 2**31], "more elements than a tensor can"),

@@ -161,8 +161,9 @@ class HttpApi:
         else:
             body = exchange.request.body
             resolved = model
-        header_length = _header_length(headers.get("inference-header-content-length"), len(body))
-        if len(body) > offload.INLINE_BYTES:
+        size = len(body)
+        header_length = _header_length(headers.get("inference-header-content-length"), size)
+        if size > offload.INLINE_BYTES:
             request = await offload.run(self._decode_infer, body, header_length, model, version)
             resolved = None
         elif header_length != 0:  # the usual request, decoded here and now
