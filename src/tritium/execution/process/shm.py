@@ -7,9 +7,10 @@ copy), and when the last view is gone it clears the block's state byte. The send
 reclaims cleared blocks when it next allocates: freeing costs no message.
 
 Small blocks come from a ring at the start of the arena (it restarts at offset 0 whenever
-it empties, so a quiet arena touches few pages); large ones from a first-fit region after
-it, whose freed pages stay mapped for the next large tensor (no page faults on reuse).
-When neither has room the tensors travel inside the message instead (a second copy).
+it empties, so a quiet arena touches few pages); large ones, and small ones while the ring
+is full, from a first-fit region after it, whose freed pages stay mapped for the next
+large tensor (no page faults on reuse). When neither has room the tensors travel inside
+the message instead (a second copy).
 """
 
 from __future__ import annotations
@@ -107,7 +108,11 @@ class ArenaWriter:
         with self._lock:
             if self._large:
                 self._reclaim_large()
-            offset = self._ring_allocate(size) if size <= LARGE else self._large_allocate(size)
+            offset = self._ring_allocate(size) if size <= LARGE else -1
+            if offset < 0:
+                # Large, or the ring is full (a receiver holding an old block stops the
+                # ring reclaiming past it): the first-fit region takes blocks in any order.
+                offset = self._large_allocate(size)
             if offset >= 0:
                 self._mm[offset] = LIVE
                 _SIZE.pack_into(self._mm, offset + 8, size)

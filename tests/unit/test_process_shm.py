@@ -1,0 +1,184 @@
+"""Shared-memory arenas (blocks handed back by a state byte) and the cancel flag table."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tritium.core.cancellation import Cancellation, CancelReason
+from tritium.core.types import DataType, Tensor
+from tritium.execution.process.flags import FlagTable, FlagView
+from tritium.execution.process.shm import (
+    LARGE,
+    ArenaReader,
+    ArenaWriter,
+    Mapping,
+    create_memfd,
+)
+
+SIZE = 16 << 20
+RING = 1 << 20
+
+
+@pytest.fixture
+def arena() -> tuple[ArenaWriter, ArenaReader]:
+    """A writer and a reader over one memfd, as the two processes map it."""
+    fd = create_memfd("test", SIZE)
+    try:
+        return ArenaWriter(Mapping(fd, SIZE), ring_bytes=RING), ArenaReader(Mapping(fd, SIZE))
+    finally:
+        os.close(fd)
+
+
+def _tensor(name: str, data: np.ndarray, datatype: DataType | None = None) -> Tensor:
+    datatype = datatype or DataType.from_numpy(data.dtype)
+    assert datatype is not None
+    return Tensor(name, datatype, tuple(data.shape), data)
+
+
+def test_every_datatype_round_trips(arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    writer, reader = arena
+    sent = [
+        _tensor("b", np.array([True, False])),
+        _tensor("u8", np.arange(5, dtype=np.uint8)),
+        _tensor("i64", np.arange(-3, 3, dtype=np.int64).reshape(2, 3)),
+        _tensor("f16", np.array([1.5, -2], dtype=np.float16)),
+        _tensor("f64", np.array([[np.pi]])),
+        _tensor("s", np.array([b"ab", b"", b"\x00\xff" * 100], dtype=np.object_), DataType.BYTES),
+        _tensor("bf", np.array([1.5, -3], dtype=ml_dtypes.bfloat16).view(np.uint16),
+                DataType.BF16),
+        _tensor("empty", np.zeros((0, 4), dtype=np.float32)),
+    ]
+    got = reader.unpack(writer.pack(sent))
+    assert [(t.name, t.datatype, t.shape) for t in got] == \
+        [(t.name, t.datatype, t.shape) for t in sent]
+    for before, after in zip(sent, got, strict=True):
+        assert after.data.dtype == before.data.dtype
+        assert after.data.tolist() == before.data.tolist()
+
+
+def test_received_tensors_are_writable_views_of_the_arena(
+        arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    """No copy on the receiving side: the array is the shared memory (and a model may
+    write into its inputs, as Triton lets it)."""
+    writer, reader = arena
+    (got,) = reader.unpack(writer.pack([_tensor("x", np.arange(8, dtype=np.float32))]))
+    assert got.data.flags.writeable and not got.data.flags.owndata
+    got.data[0] = 42.0
+    (again,) = reader.unpack(writer.pack([_tensor("x", np.arange(8, dtype=np.float32))]))
+    assert again.data[0] == 0.0  # a second block, not the first one reused while alive
+
+
+def test_a_block_is_reused_once_its_views_are_gone(
+        arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    writer, reader = arena
+    packed = writer.pack([_tensor("x", np.arange(4, dtype=np.int32))])
+    first = reader.unpack(packed)
+    view = first[0].data[1:]  # a view of a view keeps the block too
+    del first
+    gc.collect()
+    second = writer.pack([_tensor("y", np.arange(4, dtype=np.int32))])
+    assert second[0] != packed[0]
+    reader.unpack(second)  # received and dropped at once
+    del view
+    gc.collect()
+    # Both blocks are free now: the ring is empty and starts over at offset 0.
+    assert writer.pack([_tensor("z", np.arange(4, dtype=np.int32))])[0] == 0
+
+
+def test_the_ring_wraps_to_its_start(arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    """Never empty (each block is held until the next one is sent), the ring reclaims from
+    its oldest block and wraps to the start when its end has no room."""
+    writer, reader = arena
+    chunk = np.full(100_000, 7, dtype=np.uint8)
+    previous = reader.unpack(writer.pack([_tensor("x", chunk)]))
+    offsets = []
+    for _ in range(40):  # 40 x ~100 KB through a 1 MiB ring
+        packed = writer.pack([_tensor("x", chunk)])
+        offsets.append(packed[0])
+        current = reader.unpack(packed)
+        assert int(previous[0].data.sum()) == 7 * chunk.size  # not overwritten
+        previous = current
+    assert all(0 <= offset < RING for offset in offsets)
+    assert any(b < a for a, b in itertools.pairwise(offsets))  # it wrapped
+
+
+def test_a_block_held_for_long_does_not_stop_the_others(
+        arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    """A model keeping an input forever holds the ring's oldest block: once the ring is
+    full, blocks come from the first-fit region instead, never over the held one and
+    never inline."""
+    writer, reader = arena
+    chunk = np.full(100_000, 1, dtype=np.uint8)
+    held = reader.unpack(writer.pack([_tensor("keep", chunk)]))
+    for _ in range(40):
+        packed = writer.pack([_tensor("x", np.zeros(100_000, dtype=np.uint8))])
+        assert packed[0] > 0 and packed[2] is None
+        reader.unpack(packed)  # dropped at once
+    assert int(held[0].data.sum()) == chunk.size
+
+
+def test_large_blocks_come_from_their_own_region_and_merge_when_freed(
+        arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    writer, reader = arena
+    big = np.ones(LARGE * 2, dtype=np.uint8)
+    a = reader.unpack(writer.pack([_tensor("a", big)]))
+    b = reader.unpack(writer.pack([_tensor("b", big)]))
+    offset_a = a[0].data.__array_interface__["data"][0]
+    assert a[0].data.sum() == big.size and b[0].data.sum() == big.size
+    del a, b
+    gc.collect()
+    bigger = np.ones(LARGE * 4 + 4096, dtype=np.uint8)  # fits only if a and b merged
+    packed = writer.pack([_tensor("c", bigger)])
+    assert packed[0] >= RING
+    (c,) = reader.unpack(packed)
+    assert c.data.__array_interface__["data"][0] == offset_a
+
+
+def test_what_no_block_holds_travels_inline(arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    """Bigger than the arena: the bytes go in the message instead (correct, one copy more)."""
+    writer, reader = arena
+    huge = np.arange(SIZE // 4, dtype=np.int32)
+    packed = writer.pack([_tensor("huge", huge)])
+    assert packed[0] == -1 and packed[2] is not None
+    (got,) = reader.unpack(packed)
+    assert np.array_equal(got.data, huge)
+
+
+def test_buffers_round_trip(arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    writer, reader = arena
+    buffers = reader.unpack_buffers(writer.pack_buffers([b"abc", memoryview(b"\x00" * 1000)]))
+    assert [bytes(b) for b in buffers] == [b"abc", b"\x00" * 1000]
+
+
+def test_a_cancel_flips_the_childs_flag_at_once() -> None:
+    """The flag is set by the cancellation's own callback on the loop: the child reads it
+    without any message; a slot given back ignores its old request's later cancel."""
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        table = FlagTable(8)
+        view = FlagView(table.fd, 8)
+        first, second = Cancellation(loop), Cancellation(loop)
+        slot = table.acquire(first)
+        child = view.cancellation(slot)
+        assert not child.is_cancelled() and child.reason is None
+        first.cancel(CancelReason.CLIENT_CANCELLED)
+        assert child.is_cancelled() and child.reason is CancelReason.CLIENT_CANCELLED
+        table.release(slot)
+        reused = table.acquire(second)
+        assert reused == slot and not view.cancellation(reused).is_cancelled()
+        late = Cancellation(loop)
+        old = table.acquire(late)
+        table.release(old)
+        taken = table.acquire(Cancellation(loop))
+        late.cancel(CancelReason.DEADLINE)  # after its slot went to another request
+        assert not view.cancellation(taken).is_cancelled()
+        table.close()
+
+    asyncio.run(scenario())
