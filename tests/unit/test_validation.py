@@ -125,3 +125,12 @@ def test_a_request_checked_for_this_handle_skips_only_the_per_input_checks() -> 
     too_big = request_of(tensor("x", (5, 5, 2)), checked_for=MODEL)
     with pytest.raises(TritiumError, match="batch-size must be <= 4"):
         validate_request(too_big, MODEL)
+
+
+def test_the_frontends_mark_is_trusted_for_one_validation_only() -> None:
+    """A request submitted again (its inputs may have changed since) is checked in full."""
+    request = request_of(tensor("x", (1, 5, 3)), checked_for=MODEL)
+    assert validate_request(request, MODEL) == 1
+    assert request.checked_for is None
+    with pytest.raises(TritiumError, match="unexpected shape"):
+        validate_request(request, MODEL)

@@ -23,12 +23,14 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
 
     Inputs a frontend already ran ``check_input`` on for this very handle
     (``request.checked_for is model``) are not checked a second time; a request checked
-    against another handle (a reload swapped versions meanwhile) is checked in full.
+    against another handle (a reload swapped versions meanwhile) is checked in full. The
+    mark is used up here: the same request submitted again is checked in full.
     """
     inputs = request.inputs
     specs = model.inputs
     batched = model.max_batch_size > 0
-    if request.checked_for is not model:
+    checked, request.checked_for = request.checked_for, None  # trusted once, for one admission
+    if checked is not model:
         for name, tensor in inputs.items():
             spec = specs.get(name)
             if spec is None:
