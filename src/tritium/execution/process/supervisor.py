@@ -178,7 +178,8 @@ class SupervisedInstance:
         if flight is None:
             return  # swept up at its process's death already
         flight.disarm()
-        if process is self._process and self._up and _alive(self._process):
+        stopping = self._stopping  # nothing to restart: the slot's state no longer matters
+        if stopping or (process is self._process and self._up and _alive(self._process)):
             self._on_done(self, batch, exec_ns, woken)
             return
         # Its process is dead: the answers go out now, the slot comes back once restarted.
