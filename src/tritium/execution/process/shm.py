@@ -192,19 +192,20 @@ class ArenaWriter:
         descs: list[TensorDesc] = []
         total = 0
         for tensor in tensors:
-            data = _source_bytes(tensor)
-            nbytes = len(data)
+            data = _source(tensor)
+            nbytes = data.nbytes if isinstance(data, np.ndarray) else len(data)
             descs.append((tensor.name, tensor.datatype.code, tuple(tensor.shape), total, nbytes))
             sources.append(data)
-            total += _align(nbytes)
+            total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
         offset = self.allocate(total)
         if offset < 0:
             return -1, descs, b"".join(_padded(sources, descs))
-        target = self._map.bytes
+        mm = self._mm
         base = offset + HEADER
         for (_, _, _, at, nbytes), data in zip(descs, sources, strict=True):
             if nbytes:
-                target[base + at:base + at + nbytes] = np.frombuffer(data, dtype=np.uint8)
+                start = base + at
+                mm[start:start + nbytes] = data  # the one copy (a memcpy)
         return offset, descs, None
 
     def pack_buffers(self, buffers: Sequence[Any]) -> Packed:
@@ -214,19 +215,18 @@ class ArenaWriter:
         return self.pack(tensors)
 
 
-def _source_bytes(tensor: CoreTensor) -> Any:
+def _source(tensor: CoreTensor) -> Any:
+    """What is copied: the C-contiguous array itself, or BYTES serialized."""
     if tensor.datatype is DataType.BYTES:
         return serialize_bytes(tensor.data)
     data = tensor.data
-    if not data.flags.c_contiguous:
-        data = np.ascontiguousarray(data)
-    return data.reshape(-1).view(np.uint8)
+    return data if data.flags.c_contiguous else np.ascontiguousarray(data)
 
 
 def _padded(sources: list[Any], descs: list[TensorDesc]) -> list[bytes]:
     parts = []
     for data, desc in zip(sources, descs, strict=True):
-        raw = bytes(memoryview(data).cast("B")) if len(data) else b""
+        raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
         parts.append(raw + b"\0" * (_align(desc[4]) - desc[4]))
     return parts
 
@@ -257,14 +257,18 @@ class ArenaReader:
 
 def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
     name, code, shape, at, nbytes = desc
-    datatype = DataType.from_code(code)
-    assert datatype is not None
-    raw = flat[at:at + nbytes]
+    datatype = _BY_CODE[code]
     if datatype is DataType.BYTES:
         count = 1
         for dim in shape:
             count *= dim
+        raw = flat[at:at + nbytes]
         data = bytes_from_binary(raw.data, count, f"for tensor '{name}'").reshape(shape)
+    elif nbytes:
+        data = np.ndarray(shape, datatype.numpy, flat, at)  # a view: its base keeps the block
     else:
-        data = raw.view(datatype.numpy).reshape(shape)
+        data = np.empty(shape, datatype.numpy)
     return CoreTensor(name, datatype, shape, data)
+
+
+_BY_CODE = {datatype.code: datatype for datatype in DataType}
