@@ -18,7 +18,6 @@ One server, one repository, every model choosing its kind with TRITIUM_INSTANCE_
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import sys
@@ -235,6 +234,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=30)
     args = parser.parse_args()
     turns = calibrate(EXECUTE_MS)
+    # Other load on the machine moves every figure: say how much there was.
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+          f"busy execute: {turns} loop turns", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         repo, record_file = Path(tmp) / "repo", Path(tmp) / "slow.jsonl"
         build(repo, record_file, turns)
@@ -268,7 +270,7 @@ def main() -> None:
             unrelated(server, args.seconds)
         finally:
             server.stop()
-    print(json.dumps({"busy_turns": turns}), flush=True)
+    print(f"load average at end: {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":
