@@ -63,8 +63,11 @@ def bare_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _probe_model(repo: Path, name: str, env_path: str | None, kind: str = "process") -> Path:
-    config = IO + _parameter("TRITIUM_INSTANCE_KIND", kind) + _parameter("package", PACKAGE)
+def _probe_model(repo: Path, name: str, env_path: str | None,
+                 kind: str | None = "process") -> Path:
+    config = IO + _parameter("package", PACKAGE)
+    if kind is not None:
+        config += _parameter("TRITIUM_INSTANCE_KIND", kind)
     if env_path is not None:
         config += _parameter("EXECUTION_ENV_PATH", env_path)
     return add_model(repo, name, "env_probe", config)
@@ -81,6 +84,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, other_env: Path, bare_env: 
     with tarfile.open(tarred / "env.tar.gz", "w:gz") as tar:
         tar.add(other_env, arcname=".")
     _probe_model(repo, "no_env", None)
+    _probe_model(repo, "env_without_kind", str(other_env), kind=None)
     _probe_model(repo, "thread_kind", None, kind="thread")
     _probe_model(repo, "missing_env", "$$TRITON_MODEL_DIRECTORY/nowhere")
     _probe_model(repo, "no_numpy", str(bare_env))
@@ -111,6 +115,15 @@ def test_a_venv_directory_runs_its_interpreter_and_its_package_version(
     assert facts["prefix"] == str(other_env)
     assert facts["version"] == ENV_VERSION != importlib.metadata.version(PACKAGE)
     assert facts["file"].startswith(str(other_env))
+
+
+def test_a_model_naming_an_environment_gets_a_process_whatever_the_default_kind(
+        server: TritiumProcess, other_env: Path) -> None:
+    """The server runs with the default kind (thread); only a process can run another
+    Python, so EXECUTION_ENV_PATH without TRITIUM_INSTANCE_KIND means process."""
+    facts = probe(server, "env_without_kind")
+    assert facts["executable"].startswith(str(other_env)) and facts["pid"] != server.pid
+    assert facts["version"] == ENV_VERSION
 
 
 def test_a_tarball_is_extracted_into_the_private_cache_and_run_from_there(

@@ -7,16 +7,19 @@ config parameter ``TRITIUM_INSTANCE_KIND`` (``process`` or ``thread``) wins over
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.instance import DoneCallback, ModelInstance
+from tritium.execution.process.environment import PARAMETER as ENV_PARAMETER
 from tritium.execution.process.launch import supervised_instance
 from tritium.execution.process.supervisor import SupervisedInstance
 
 KIND_PARAMETER = "TRITIUM_INSTANCE_KIND"
+log = logging.getLogger("tritium.execution")
 KINDS = ("thread", "process")
 
 _default_kind = "thread"
@@ -33,17 +36,26 @@ def configure(default_kind: str, service: Any) -> None:
 
 
 def kind_for(config: Any) -> str:
-    """The model's own choice if its config makes one, else the server's default."""
+    """The model's own choice if its config makes one, else the server's default; a model
+    that names an EXECUTION_ENV_PATH gets a process (only a process can run that Python)."""
     parameter = config.parameters.get(KIND_PARAMETER) if config.parameters else None
     if parameter is None:
-        return _default_kind
+        return "process" if _names_environment(config) else _default_kind
     value = parameter.string_value.strip().lower()
     if value not in KINDS:
         raise TritiumError(
             ErrorCode.INVALID_ARG,
             f"model '{config.name}': parameter {KIND_PARAMETER} must be one of "
             f"{', '.join(KINDS)}, not '{parameter.string_value}'")
+    if value == "thread" and _names_environment(config):
+        log.warning("model '%s': %s is ignored, as %s is 'thread': its instances run in the "
+                    "server's own Python", config.name, ENV_PARAMETER, KIND_PARAMETER)
     return value
+
+
+def _names_environment(config: Any) -> bool:
+    parameter = config.parameters.get(ENV_PARAMETER) if config.parameters else None
+    return parameter is not None and bool(parameter.string_value)
 
 
 def make_instance(info: InstanceInfo, config: Any, loop: asyncio.AbstractEventLoop,
