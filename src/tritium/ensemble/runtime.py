@@ -132,7 +132,7 @@ class EnsembleRun:
             model = self._service.model(step.model_name, version)
             child, batch = self._child_request(model, run, inputs)
             stream = self._service.submit(child, cancellation, allow_decoupled=True,
-                                          internal=True)
+                                          internal=True, model=model)
         except TritiumError as exc:
             cancellation.detach()
             self._fail(exc)
