@@ -231,10 +231,11 @@ def test_bls_unload_model_with_unload_dependents(tmp_path: Path) -> None:
               + _tensor("input", "VERSION", "BYTES", "1")
               + _tensor("output", "OUTPUT0", "BOOL", "1"))
     server = TritiumProcess(repo, "--model-control-mode=explicit",
-                            "--load-model", "model_control").start()
+                            "--load-model", "model_control", "--load-model", "pipe").start()
     try:
         c = client(server, "http")
-        c.load_model("pipe")
+        # --load-model of an ensemble loads its composing models at startup too.
+        assert all(c.is_model_ready(m) for m in ("pipe", "first", "second"))
         c.load_model("first")  # loaded on its own: unload_dependents leaves it
         inputs = []
         for name, value in (("ACTION", "unload_dependents"), ("NAME", "pipe"), ("VERSION", "")):
