@@ -65,6 +65,11 @@ def _add_two_step(repo: Path) -> None:
         ("ident_a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "middle"}),
         ("ident_b", {"INPUT0": "middle"}, {"OUTPUT0": "OUTPUT0"}),
     ])
+    # An ensemble as a step of another.
+    add_ensemble(repo, "nested", FP32_IO, [
+        ("two_step", {"INPUT0": "INPUT0"}, {"OUTPUT0": "inner"}),
+        ("ident_a", {"INPUT0": "inner"}, {"OUTPUT0": "OUTPUT0"}),
+    ])
 
 
 def _add_diamond(repo: Path) -> None:

@@ -77,6 +77,15 @@ def test_a_two_step_ensemble_answers_with_its_last_steps_output(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_ensemble_can_be_a_step_of_another(server: TritiumProcess, protocol: str) -> None:
+    before = {m: successes(server, m) for m in ("nested", "two_step", "ident_a", "ident_b")}
+    result = infer(server, protocol, "nested", {"INPUT0": fp32(9, 8)})
+    assert result.as_numpy("OUTPUT0").tolist() == [9, 8]
+    assert {m: successes(server, m) - n for m, n in before.items()} == {
+        "nested": 1, "two_step": 1, "ident_a": 2, "ident_b": 1}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_diamond_runs_both_branches_and_joins_them(server: TritiumProcess,
                                                      protocol: str) -> None:
     steps = ("split", "branch_left", "branch_right", "join")

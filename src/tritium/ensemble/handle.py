@@ -105,7 +105,7 @@ class EnsembleModel:
         self._runs[request] = run
         self._admitted.add(request)
         self._stats.queue.add(time.monotonic_ns() - request.arrival_ns)
-        run.start()
+        self.service.loop.call_soon(run.start)
 
     def request_cancelled(self, request: AdmittedRequest) -> None:
         run = self._runs.get(request)

@@ -69,7 +69,13 @@ class EnsembleRun:
 
     # -- driven by EnsembleModel ---------------------------------------------------
     def start(self) -> None:
-        """Write the ensemble's inputs and start the steps that can run."""
+        """Write the ensemble's inputs and start the steps that can run.
+
+        Called on the next turn of the loop, not inside ``enqueue``: an answer sent before
+        the service has hooked the request's stream (a step refused at once) would never
+        tell it the request finished."""
+        if self._closed:
+            return
         request = self._request
         batch = request.batch_size if self._batching else 0
         updated: list[TensorKey] = []
@@ -85,6 +91,7 @@ class EnsembleRun:
         self._closed = True
         reason = self._request.cancellation.reason or CancelReason.CLIENT_CANCELLED
         self._steps_cancellation.cancel(reason)
+        self._stop_pumps()
 
     def finished(self) -> None:
         """The ensemble's final response was sent: let go of the request."""
@@ -92,6 +99,16 @@ class EnsembleRun:
             self._closed = True
             self._steps_cancellation.cancel(CancelReason.PARENT_CANCELLED)
         self._steps_cancellation.detach()
+        self._stop_pumps()
+
+    def _stop_pumps(self) -> None:
+        """Stop reading steps whose answers are no longer wanted: a step that was told to
+        stop may take its time (or, decoupled, never send FINAL), and its reader must not
+        keep this run alive meanwhile. The steps' streams still end on their own."""
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
 
     # -- moving forward ---------------------------------------------------------------
     def _advance(self, updated: list[TensorKey]) -> None:
@@ -236,6 +253,7 @@ class EnsembleRun:
         self._send(InferenceResponse.failure(TritiumError(
             error.code, f"in ensemble '{self._plan.name}', {error.message}")))
         self._steps_cancellation.cancel(CancelReason.PARENT_CANCELLED)
+        self._stop_pumps()
 
     def _send(self, response: InferenceResponse) -> None:
         if response.final:
