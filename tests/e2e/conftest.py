@@ -37,17 +37,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 # Process-kind gaps outside these tests, by test name, with what is missing. Strict: once
 # the gap is closed the test passes, fails as XPASS, and its entry goes.
-PROCESS_KIND_GAPS = {
-    "test_preserve_ordering_holds_back_a_later_quicker_response[process-batch_ordered-True]":
-        "preserve_ordering: ProcessInstance delivers the responses execute returned at once "
-        "instead of handing their wake-ups to on_done, so OrderedDelivery cannot hold them",
-    **{f"test_cancelled_child_that_{case}[process-{protocol}]":
-       "ResponseIterator.cancel(): the stub's ChildStream drops what a cancelled request "
-       "sends (and makes its final a flag), but the server keeps a cancelled BLS child's "
-       "stream open to its caller, which must read the rest and the child's own error"
-       for case in ("ignores_it_keeps_streaming", "honours_it_ends_with_its_own_error")
-       for protocol in ("http", "grpc")},
-}
+PROCESS_KIND_GAPS: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -163,12 +163,13 @@ class ResponseStream:
         self._items.append(response)
         if not self._wake_pending:
             self._wake_pending = True
-            if self._on_loop():
-                self._wake()
-                return
+            # Deferred first: the loop defers too while it delivers what an instance
+            # process returned, so that on_done decides when those wake (preserve_ordering).
             deferred = getattr(_thread_state, "deferred", None)
             if deferred is not None:
                 deferred.append(self)
+            elif self._on_loop():
+                self._wake()
             else:
                 self._loop.call_soon_threadsafe(self._wake)
 

@@ -24,7 +24,13 @@ from typing import Any
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
-from tritium.core.response import InferenceResponse, ResponseStream, StreamClosedError
+from tritium.core.response import (
+    DeferredWakes,
+    InferenceResponse,
+    ResponseStream,
+    StreamClosedError,
+    wake_all,
+)
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo
 from tritium.execution.process import channel as ch
@@ -238,10 +244,14 @@ class ProcessInstance:
             pending = self._pending.get(slot)
             if pending is not None:
                 pending.request.release_flags = flags
-        for slot, response in responses:
-            self._deliver(slot, response)
+        # The responses execute returned wake when on_done says (as an instance thread's
+        # do: the scheduler may hold them back to keep the dispatch order).
+        with DeferredWakes() as woken:
+            for slot, response in responses:
+                self._deliver(slot, response)
         entry = self._batches.pop(batch_id, None)
         if entry is None:
+            wake_all(woken)
             return
         for slot in entry.slots:
             pending = self._pending.get(slot)
@@ -249,7 +259,7 @@ class ProcessInstance:
                 pending.batch_done = True
                 if pending.final:
                     self._release(slot)
-        self._on_done(self, entry.batch, elapsed, [])
+        self._on_done(self, entry.batch, elapsed, woken)
 
     def _release(self, slot: int) -> None:
         del self._pending[slot]

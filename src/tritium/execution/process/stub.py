@@ -40,28 +40,23 @@ class ChildStream:
     """The send half of a request's stream, in the child: sends go over the channel.
 
     What ``backend.execute`` delivers after the model's ``execute`` returned waits for the
-    DONE frame (one frame per batch); what the model sends itself leaves at once. Once the
-    request is cancelled, nothing but its final flag is sent: the server drops the rest.
+    DONE frame (one frame per batch); what the model sends itself leaves at once. What a
+    cancelled request sends goes too: the server's stream decides, as for a thread
+    instance (a client's request drops it; a BLS child's caller still reads it).
     """
 
-    __slots__ = ("_cancellation", "_server", "closed", "slot")
+    __slots__ = ("_server", "closed", "slot")
 
-    def __init__(self, server: InstanceServer, slot: int, cancellation: SlotCancellation):
+    def __init__(self, server: InstanceServer, slot: int):
         self._server = server
         self.slot = slot
-        self._cancellation = cancellation
         self.closed = False
 
     def send_nowait(self, response: InferenceResponse) -> None:
         if self.closed:
             raise StreamClosedError()
-        final = response.final
-        if final:
+        if response.final:
             self.closed = True
-        if self._cancellation.is_cancelled():
-            if not final:
-                return
-            response = InferenceResponse.final_flag()
         self._server.send_response(self.slot, response)
 
 
@@ -129,7 +124,7 @@ class InstanceServer:
                 correlation_id=correlation, flags=flags, timeout_us=timeout)
             cancellation = self._flags.cancellation(slot)
             requests.append(ChildRequest(core, cancellation,
-                                         ChildStream(self, slot, cancellation), slot))
+                                         ChildStream(self, slot), slot))
         return requests
 
     def serve(self) -> None:
