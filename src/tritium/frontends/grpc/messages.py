@@ -11,6 +11,7 @@ import asyncio
 import gzip
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 _PREFIX = 5
 _INFLATE_STEP = 4 * 1024 * 1024  # bytes produced per step on the worker
@@ -22,14 +23,12 @@ class MessageTooLarge(Exception):
         super().__init__(f"received message larger than max ({size} vs. {limit})")
 
 
-class Message:
-    """One request message as it came off the stream."""
+class Message(SimpleNamespace):
+    """One request message as it came off the stream, ``Message(body=, compressed=)`` (a
+    namespace's C initializer: no Python ``__init__`` per message)."""
 
-    __slots__ = ("body", "compressed")
-
-    def __init__(self, body: bytes | memoryview, compressed: bool):
-        self.body = body
-        self.compressed = compressed
+    body: bytes | memoryview
+    compressed: bool
 
 
 class MessageReader:
@@ -60,7 +59,7 @@ class MessageReader:
             if len(data) == _PREFIX + size:  # usual: one whole message in this frame
                 if size > self.limit:
                     raise MessageTooLarge(size, self.limit)
-                return [Message(data[_PREFIX:], bool(data[0]))]
+                return [Message(body=data[_PREFIX:], compressed=bool(data[0]))]
         buf += data
         found: list[Message] = []
         while len(buf) >= _PREFIX:
@@ -70,10 +69,10 @@ class MessageReader:
             if len(buf) < end:
                 break
             if len(buf) == end:  # the buffer is exactly this message: hand it over whole
-                found.append(Message(memoryview(buf)[_PREFIX:], bool(buf[0])))
+                found.append(Message(body=memoryview(buf)[_PREFIX:], compressed=bool(buf[0])))
                 buf = self._buf = bytearray()
                 break
-            found.append(Message(bytes(buf[_PREFIX:end]), bool(buf[0])))
+            found.append(Message(body=bytes(buf[_PREFIX:end]), compressed=bool(buf[0])))
             del buf[:end]
         return found
 
