@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from tests.e2e.leaving import (
     assert_stopped_soon,
     cancel_line,
     cancellations,
+    http_raw_request,
     new_id,
     occupied,
     wait_for_cancellations,
@@ -188,6 +190,29 @@ def test_cancelling_a_streaming_ensemble_stops_its_decoupled_step(
                         reason="CANCELED")
     finally:
         client.close()
+
+
+def test_leaving_generate_stream_of_a_streaming_ensemble_stops_its_decoupled_step(
+        server: TritiumProcess) -> None:
+    """The same over HTTP: the client resets its /generate_stream connection after the
+    first event; the decoupled step sees is_cancelled() and ends its request."""
+    before = cancellations(server, "repeat", "CLIENT_DISCONNECTED", "executing")
+    repeat_failed = metric(server.metrics_url, FAILURES, model="repeat", reason="CANCELED")
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    try:
+        body = json.dumps({"id": new_id(), "COUNT": 100000, "DELAY": 20}).encode()
+        sock.sendall(http_raw_request("streaming", "generate_stream", body))
+        seen = b""
+        while b"data: " not in seen:
+            chunk = sock.recv(65536)
+            assert chunk, seen
+            seen += chunk
+        assert seen.startswith(b"HTTP/1.1 200"), seen
+    finally:
+        leaving_http.close(sock, reset=True)
+    wait_for_cancellations(server, "repeat", "CLIENT_DISCONNECTED", "executing", before + 1)
+    wait_for_metric(server.metrics_url, FAILURES, repeat_failed + 1, model="repeat",
+                    reason="CANCELED")
 
 
 def streaming_inputs(count: int, delay_ms: float) -> list[grpcclient.InferInput]:
