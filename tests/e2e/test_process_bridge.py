@@ -11,6 +11,7 @@ import re
 import socket
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,11 +212,12 @@ def test_client_leaving_cancels_the_bls_child(bridged: Bridge, protocol: str) ->
 
 
 def test_custom_metrics_of_every_instance_reach_metrics(bridge: TritiumProcess) -> None:
-    """custom_metrics has two instances (under the process kind, two processes); both add
-    to the same series of the server's registry, which /metrics shows as Triton writes
-    custom families."""
-    for _ in range(6):
-        infer(bridge, "http", "custom_metrics", {"INPUT0": fp32(0.5, 2.5, 7.0)})
+    """custom_metrics has two instances (under the process kind, two processes), each
+    creating the same families: whichever runs a request adds to the one series of the
+    server's registry, which /metrics shows as Triton writes custom families."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        list(pool.map(lambda _: infer(bridge, "http", "custom_metrics",
+                                      {"INPUT0": fp32(0.5, 2.5, 7.0)}), range(6)))
     text = requests.get(bridge.metrics_url, timeout=10).text.splitlines()
     assert "# HELP custom_metrics_requests Requests executed" in text
     assert "# TYPE custom_metrics_input_value histogram" in text
