@@ -63,6 +63,9 @@ def _repository(repo: Path, record_dir: Path) -> Path:
     add_model(repo, "slow", "slow",
               _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
               + _parameter("record_file", f"{record_dir}/slow.jsonl"))
+    add_model(repo, "auto_complete_where", "auto_complete_where", "")
+    add_model(repo, "auto_complete_exits", "auto_complete_where",
+              _parameter("AUTO_COMPLETE_EXIT", "yes"))
     add_model(repo, "parameters_echo", "parameters_echo",
               _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "PARAMS", "BYTES", "1"))
     return repo
@@ -92,10 +95,36 @@ def _children(server: TritiumProcess) -> list[int]:
 
 def test_instances_are_processes_of_their_own(server: TritiumProcess) -> None:
     """Each process-kind instance is a child process running the stub; the model that asks
-    for TRITIUM_INSTANCE_KIND thread has none: 8 models, add_sub with 2 instances."""
+    for TRITIUM_INSTANCE_KIND thread has none: 9 models, add_sub with 2 instances."""
     stubs = [pid for pid in _children(server)
              if b"tritium.execution.process.stub" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    assert len(stubs) == 9
+    assert len(stubs) == 10
+
+
+def test_auto_complete_runs_in_a_process_and_the_server_never_imports_the_model(
+        server: TritiumProcess) -> None:
+    """As in Triton, whose stub runs auto_complete_config: the completed config is served,
+    the model answers, and every import of model.py was by another process."""
+    config = httpclient.InferenceServerClient(server.http_url).get_model_config(
+        "auto_complete_where")
+    assert [tensor["name"] for tensor in config["input"]] == ["INPUT0"]
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput("INPUT0", [3], "INT32")
+    tensor.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
+    assert client.infer("auto_complete_where", [tensor]).as_numpy("OUTPUT0").tolist() == [2, 4, 6]
+    record = server.repository / "auto_complete_where" / "1" / "imported_by.txt"
+    importers = {int(line) for line in record.read_text().split()}
+    assert len(importers) >= 2 and server.pid not in importers
+
+
+def test_a_crash_in_auto_complete_fails_that_model_only(server: TritiumProcess) -> None:
+    """auto_complete_config ends its process: the model is unavailable with the cause, and
+    the server (which never ran that code) serves on."""
+    index = requests.post(f"http://{server.http_url}/v2/repository/index", timeout=30).json()
+    entry = next(e for e in index if e["name"] == "auto_complete_exits")
+    assert entry["state"] == "UNAVAILABLE"
+    assert "exited with code 3" in entry["reason"], entry
+    assert requests.get(f"http://{server.http_url}/v2/health/live", timeout=30).ok
 
 
 def _value(datatype: str) -> np.ndarray:
