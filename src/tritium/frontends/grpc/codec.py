@@ -384,12 +384,18 @@ def encode_infer_response(
     for raw in raws:
         # Field 6 (raw_output_contents), length-delimited: the protobuf wire format puts it
         # after fields 1-5, exactly where the message's own serialization would.
-        pieces.append(_RAW_OUTPUT_KEY + _varint(len(raw)))
+        size = len(raw)
+        pieces.append(_RAW_OUTPUT_KEYS[size] if size < _KEYED_SIZES else
+                      _RAW_OUTPUT_KEY + _varint(size))
         pieces.append(raw)
     return pieces
 
 
 _RAW_OUTPUT_KEY = bytes(((6 << 3) | 2,))
+
+
+# The key and length of raw outputs of up to 4 KiB, encoded once: the usual reply's.
+_KEYED_SIZES = 4096
 
 
 def _varint(value: int) -> bytes:
@@ -401,6 +407,9 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+_RAW_OUTPUT_KEYS = [_RAW_OUTPUT_KEY + _varint(size) for size in range(_KEYED_SIZES)]
+
+
 def _response_without_contents(
     response: InferenceResponse, request: InferenceRequest
 ) -> tuple[pb.ModelInferResponse, list[bytes | memoryview]]:
@@ -410,7 +419,7 @@ def _response_without_contents(
         model_version="" if served is None else str(served.version),
         id=request.id,
     )
-    wanted = _class_counts(request)
+    wanted = None if request.requested_outputs is None else _class_counts(request)
     state = request.frontend_state
     in_shm = state.shm_outputs if isinstance(state, GrpcRequestState) else None
     outputs = message.outputs

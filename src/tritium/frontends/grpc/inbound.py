@@ -147,7 +147,8 @@ class Inbound:
             self._consume(call.held)
         call.held = call.withheld = 0
         call.messages.clear()
-        call.reader.clear()  # its task may live on a while; the bytes need not
+        if call.reader.buf:
+            call.reader.clear()  # its task may live on a while; the bytes need not
 
     def _return_stream_credit(self, call: Call) -> None:
         if not call.withheld or call.state is not CallState.OPEN:

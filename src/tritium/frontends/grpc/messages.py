@@ -38,22 +38,23 @@ class MessageReader:
     as soon as its prefix is in.
     """
 
-    __slots__ = ("_buf", "limit")
+    __slots__ = ("buf", "limit")
 
     def __init__(self, limit: int):
         self.limit = limit
-        self._buf = bytearray()
+        # An incomplete message's bytes (read-only outside; empty when none is).
+        self.buf = bytearray()
 
     def clear(self) -> None:
-        self._buf = bytearray()
+        self.buf = bytearray()
 
     @property
     def partial(self) -> int:
         """Bytes of an incomplete message held."""
-        return len(self._buf)
+        return len(self.buf)
 
     def feed(self, data: memoryview) -> list[Message]:
-        buf = self._buf
+        buf = self.buf
         if not buf and len(data) >= _PREFIX:
             size = int.from_bytes(data[1:5], "big")
             if len(data) == _PREFIX + size:  # usual: one whole message in this frame
@@ -70,7 +71,7 @@ class MessageReader:
                 break
             if len(buf) == end:  # the buffer is exactly this message: hand it over whole
                 found.append(Message(body=memoryview(buf)[_PREFIX:], compressed=bool(buf[0])))
-                buf = self._buf = bytearray()
+                buf = self.buf = bytearray()
                 break
             found.append(Message(body=bytes(buf[_PREFIX:end]), compressed=bool(buf[0])))
             del buf[:end]
