@@ -195,6 +195,13 @@ def add_fidelity_models(repo: Path, record_dir: Path) -> None:
               DECOUPLED + RESCHEDULE_IO)
     state_dir = add_model(repo, "sequence_state", "accumulator", STATE + SEQUENCE_IO
                           + _parameter("record_file", f"{record_dir}/sequence_state.jsonl"))
+    # Batches the requests of up to 4 sequences (tests/models/batch_record.py records each).
+    add_model(repo, "sequence_oldest", "batch_record",
+              "max_batch_size: 8\nsequence_batching {\n  oldest { max_candidate_sequences: 8 "
+              "preferred_batch_size: [4] max_queue_delay_microseconds: 5000000 }\n"
+              '  control_input [{ name: "CORRID" control [{ kind: CONTROL_SEQUENCE_CORRID '
+              "data_type: TYPE_UINT64 }] }]\n}\n" + BATCH_IO
+              + _parameter("record_file", f"{record_dir}/sequence_oldest.jsonl"))
     (state_dir / "initial_state").mkdir(exist_ok=True)
     (state_dir / "initial_state" / "seven.bin").write_bytes((7).to_bytes(4, "little"))
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import queue
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -144,3 +146,67 @@ def test_implicit_state_input_carries_the_initial_state(client: Client) -> None:
     seen = [step(client, sequence, value, start=value == 1, end=value == 3,
                  model="sequence_state")[1] for value in (1, 2, 3)]
     assert [s["controls"] for s in seen] == [{"IN_STATE": 7}] * 3
+
+
+# -- the oldest strategy -------------------------------------------------------------------
+def oldest_batches(record_dir: Path, ids: set[str]) -> list[list[str]]:
+    """The batches sequence_oldest executed that hold any of ``ids``, in order."""
+    path = record_dir / "sequence_oldest.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [row["ids"] for row in rows
+            if row["event"] == "execute" and ids.intersection(row["ids"])]
+
+
+def oldest_step(protocol: str, server: TritiumProcess, sequence: int, name: str,
+                start: bool = False) -> None:
+    # A client of its own: tritonclient.http sends one request at a time per client.
+    client = Client(protocol, server)
+    try:
+        client.infer("sequence_oldest", {"INPUT0": np.zeros((1, 1), np.float32)},
+                     request_id=name, sequence_id=sequence, sequence_start=start)
+    finally:
+        client.raw.close()
+
+
+def test_oldest_batches_requests_of_different_sequences(client: Client, server: TritiumProcess,
+                                                        record_dir: Path) -> None:
+    """Triton docs "Oldest" (OldestSequenceBatch): each sequence keeps to one instance, and
+    the dynamic batcher batches requests of different sequences together, here up to the
+    preferred batch size 4 (the direct strategy would run them one per execute)."""
+    sequences = [new_sequence() for _ in range(4)]
+    names: set[str] = set()
+    for step_no in (1, 2):
+        with ThreadPoolExecutor(4) as pool:
+            futures = []
+            for sequence in sequences:
+                name = f"{sequence}-{step_no}"
+                names.add(name)
+                futures.append(pool.submit(oldest_step, client.protocol, server, sequence,
+                                           name, step_no == 1))
+            for future in futures:
+                future.result(timeout=60)
+    got = oldest_batches(record_dir, names)
+    assert [sorted(batch) for batch in got] == [
+        sorted(f"{s}-1" for s in sequences), sorted(f"{s}-2" for s in sequences)]
+
+
+def test_oldest_issues_one_request_of_a_sequence_at_a_time(server: TritiumProcess,
+                                                           record_dir: Path) -> None:
+    """OldestSequenceBatch issues a sequence's next request to the batcher only once the
+    one before it completed: a stream that sends A1 B1 C1 D1 A2 B2 C2 D2 in order gets two
+    batches, never A1 and A2 together."""
+    sequences = [new_sequence() for _ in range(4)]
+    order = [(s, n) for n in (1, 2) for s in sequences]
+    results: queue.Queue[Any] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as raw:
+        raw.start_stream(lambda result, error: results.put(error or result))
+        for sequence, step_no in order:
+            tensor = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.zeros((1, 1), np.float32))
+            raw.async_stream_infer("sequence_oldest", [tensor], request_id=f"{sequence}-{step_no}",
+                                   sequence_id=sequence, sequence_start=step_no == 1)
+        answers = [results.get(timeout=60) for _ in order]
+        raw.stop_stream()
+    assert not [a for a in answers if isinstance(a, Exception)]
+    got = oldest_batches(record_dir, {f"{s}-{n}" for s, n in order})
+    assert got == [[f"{s}-1" for s in sequences], [f"{s}-2" for s in sequences]]

@@ -26,6 +26,7 @@ from tritium.execution.process.supervisor import SupervisedInstance
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.repository.validation import ConfigError
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
+from tritium.scheduling.sequence_oldest import OldestSequenceScheduler
 from tritium.scheduling.sequences import SequenceScheduler
 
 log = logging.getLogger("tritium.repository")
@@ -189,5 +190,7 @@ def _scheduler(name: str, version: int, config: Any, decoupled: bool, model_dir:
     (``sequence_batching``) the sequence scheduler."""
     policy = SchedulerPolicy.from_config(config, model_dir)
     if policy.sequence is not None:
+        if policy.sequence.oldest is not None:
+            return OldestSequenceScheduler(name, version, policy, decoupled)
         return SequenceScheduler(name, version, policy, decoupled)
     return ModelScheduler(name, version, policy, decoupled)

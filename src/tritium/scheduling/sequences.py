@@ -62,7 +62,7 @@ class _Slot:
 
 
 class _Sequence:
-    __slots__ = ("correlation_id", "outstanding", "released", "slot", "waiting")
+    __slots__ = ("correlation_id", "in_flight", "outstanding", "released", "slot", "waiting")
 
     def __init__(self, correlation_id: CorrelationId, slot: _Slot):
         self.correlation_id = correlation_id
@@ -70,6 +70,7 @@ class _Sequence:
         self.waiting: dict[AdmittedRequest, None] = {}  # queued, in arrival order
         self.outstanding = 0  # queued or executing
         self.released = False
+        self.in_flight = False  # oldest strategy: a request issued to the batcher or running
 
 
 class SequenceScheduler(ModelScheduler):
@@ -132,6 +133,9 @@ class SequenceScheduler(ModelScheduler):
         sequence.waiting[request] = None  # ``outstanding`` still counts it
         self._queued[request] = sequence
         self.stats.pending += 1
+        self._requeued(request, sequence)
+
+    def _requeued(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         sequence.slot.queue.append(request)
 
     def _dispatch(self) -> None:
@@ -161,6 +165,10 @@ class SequenceScheduler(ModelScheduler):
         if request.request.flags & SEQUENCE_END:
             self._release(sequence)
         self.stats.pending += 1
+        self._arrived(request, sequence)
+
+    def _arrived(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        """``request`` was queued for ``sequence``: start it if its instance is free."""
         slot = sequence.slot
         slot.queue.append(request)
         if slot.running is None:

@@ -1,0 +1,137 @@
+"""Sequence scheduler, oldest strategy: requests of several sequences batched together.
+
+As Triton's OldestSequenceBatch: every request of a sequence runs on the instance its
+first request was bound to, one at a time and in order; each sequence has at most one
+request issued to that instance's dynamic batcher, which forms batches of up to
+``max_batch_size`` requests from different sequences, oldest first, following the
+``oldest`` block's ``preferred_batch_size`` and ``max_queue_delay_microseconds``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from tritium.core.request import AdmittedRequest, RequestStage
+from tritium.core.response import ResponseStream
+from tritium.scheduling.batcher import Batcher
+from tritium.scheduling.clock import Clock
+from tritium.scheduling.policy import SchedulerPolicy
+from tritium.scheduling.scheduler import Instance, ModelScheduler
+from tritium.scheduling.sequences import SequenceScheduler, _Sequence, _Slot
+
+
+class _BatchSlot(_Slot):
+    """An instance, the requests issued to its batcher and those it executes."""
+
+    __slots__ = ("busy", "executing", "ready")
+
+    def __init__(self, instance: Instance):
+        super().__init__(instance)
+        # One request per sequence, in the order they were issued (oldest first).
+        self.ready: dict[AdmittedRequest, _Sequence] = {}
+        self.executing: dict[AdmittedRequest, _Sequence] = {}
+        self.busy = False
+
+
+class OldestSequenceScheduler(SequenceScheduler):
+    """``SequenceScheduler`` with the ``oldest`` strategy."""
+
+    def __init__(self, model_name: str, version: int, policy: SchedulerPolicy,
+                 decoupled: bool = False, clock: Clock | None = None):
+        super().__init__(model_name, version, policy, decoupled, clock)
+        assert policy.sequence is not None and policy.sequence.oldest is not None
+        oldest = policy.sequence.oldest
+        self._sequence_batcher = Batcher(dataclasses.replace(
+            policy, dynamic_batching=True, preferred_batch_sizes=oldest.preferred_batch_sizes,
+            max_queue_delay_us=oldest.max_queue_delay_us))
+
+    # -- instances ---------------------------------------------------------------
+    def add_instances(self, instances: Sequence[Instance]) -> None:
+        for instance in instances:
+            self._slots[instance] = _BatchSlot(instance)
+        self._dispatch()
+
+    def batch_done(self, instance: Instance, batch: list[AdmittedRequest], exec_ns: int,
+                   woken: list[ResponseStream] | None = None) -> None:
+        slot = self._batch_slot(instance)
+        executing, slot.executing = slot.executing, {}
+        slot.busy = False
+        for request in batch:
+            sequence = executing.get(request)
+            if sequence is not None:
+                self._executed(request, sequence)  # may queue it again (rescheduled)
+                sequence.in_flight = False
+                self._issue(sequence)
+        # Counts the batch, then calls ``_dispatch``.
+        ModelScheduler.batch_done(self, instance, batch, exec_ns, woken)
+
+    def _dispatch(self) -> None:
+        self._idle.clear()  # the slots know which instances are busy
+        for slot in self._slots.values():
+            self._run(self._as_batch_slot(slot))
+
+    # -- hooks of SequenceScheduler ----------------------------------------------
+    def _arrived(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        if not sequence.in_flight:
+            self._issue(sequence)
+            self._run(self._as_batch_slot(sequence.slot))
+
+    def _requeued(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        """Nothing more: ``batch_done`` issues the sequence's next request."""
+
+    # -- batches -----------------------------------------------------------------
+    def _issue(self, sequence: _Sequence) -> None:
+        """Hand the oldest queued request of ``sequence`` to its instance's batcher."""
+        if sequence.in_flight or not sequence.waiting:
+            return
+        request = next(iter(sequence.waiting))
+        sequence.in_flight = True
+        self._as_batch_slot(sequence.slot).ready[request] = sequence
+
+    def _run(self, slot: _BatchSlot) -> None:
+        """Start a batch on the slot's instance if it is free and the batcher says so."""
+        if slot.busy or not slot.ready:
+            return
+        live = self._live_ready(slot)
+        plan = self._sequence_batcher.plan(live, self._clock.now_ns())
+        if plan.count == 0:
+            if plan.wait_until_ns:
+                self._window.arm(plan.wait_until_ns)
+            return
+        batch = live[:plan.count]
+        for request in batch:
+            sequence = slot.ready.pop(request)
+            del self._queued[request]
+            del sequence.waiting[request]
+            slot.executing[request] = sequence
+        slot.busy = True
+        self._start(batch, slot.instance)
+
+    def _live_ready(self, slot: _BatchSlot) -> list[AdmittedRequest]:
+        """The issued requests still queued, oldest first; drops the others."""
+        live: list[AdmittedRequest] = []
+        for request, sequence in list(slot.ready.items()):
+            if self._queued.get(request) is not sequence:
+                del slot.ready[request]  # cancelled while queued: its sequence is released
+            elif request.stage is not RequestStage.QUEUED:
+                # Rescheduled, then ended by a FINAL its model sent from elsewhere.
+                del slot.ready[request]
+                self._drop_ended(request, sequence)
+                sequence.in_flight = False
+                self._issue(sequence)
+            elif request.cancellation.reason is not None:
+                # Cancelled on another thread; its callback has not reached us yet.
+                del slot.ready[request]
+                self.request_cancelled(request)
+            else:
+                live.append(request)
+        return live
+
+    def _batch_slot(self, instance: Instance) -> _BatchSlot:
+        return self._as_batch_slot(self._slots[instance])
+
+    @staticmethod
+    def _as_batch_slot(slot: _Slot) -> _BatchSlot:
+        assert isinstance(slot, _BatchSlot)
+        return slot
