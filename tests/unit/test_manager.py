@@ -270,3 +270,19 @@ def test_shutdown_drain_cancels_what_is_left(tmp_path: Path) -> None:
 
     run(tmp_path, ControlMode.NONE, scenario)
 
+
+
+def test_no_version_asked_for_is_the_newest_ready_one(tmp_path: Path) -> None:
+    """Triton's version policy with several versions loaded: a request naming none is
+    served by the highest-numbered READY version; named ones by their own."""
+    add_model(tmp_path, "m", CONFIG + "version_policy: { all: {} }\n", versions=(3, 10, 7))
+
+    async def scenario(manager: ModelManager, service: InferenceService, _: list[str]) -> None:
+        assert manager.ready_versions("m") == [3, 7, 10]
+        assert manager.resolve("m", None).version == 10
+        assert manager.resolve("m", 7).version == 7
+        await manager.unload("m", {})
+        with pytest.raises(TritiumError, match="has no available versions"):
+            manager.resolve("m", None)
+
+    run(tmp_path, ControlMode.EXPLICIT, scenario, startup=("m",))

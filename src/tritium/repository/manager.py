@@ -472,14 +472,17 @@ class ModelManager(DependencyRules):
                 ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}' is not found"
             )
         if version is None:
-            ready = self.ready_versions(name)
-            if not ready:
+            # ready_versions(name)[-1], without a sorted list per request.
+            version = -1
+            for number, candidate in entry.versions.items():
+                if candidate.state is ModelState.READY and number > version:
+                    version = number
+            if version < 0:
                 raise TritiumError(
                     ErrorCode.UNAVAILABLE,
                     f"Request for unknown model: '{name}' has no available versions"
                     + (f": {entry.reason}" if entry.reason else ""),
                 )
-            version = ready[-1]
         slot = entry.versions.get(version)
         # An UNLOADING version is still reachable by number, so the frontends can finish
         # the requests it is draining; its scheduler refuses anything new.
