@@ -7,9 +7,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from google.protobuf.message import DecodeError
+
 from tritium.core.errors import TritiumError
 from tritium.frontends.grpc import parse
-from tritium.frontends.grpc.call import CALL_BROKEN, BadMessage, Call, parse_message
+from tritium.frontends.grpc.call import CALL_BROKEN, BadMessage, Call
 from tritium.frontends.grpc.call_state import DECIDED
 from tritium.frontends.grpc.messages import Message, inflate
 from tritium.frontends.grpc.parse import DEFAULT_BUDGET
@@ -56,8 +58,11 @@ async def serve_unary(conn: GrpcConnection, call: Call, message: Message) -> Non
     try:
         if message.compressed or len(message.body) > DEFAULT_BUDGET.inline_bytes:
             request = await read_message(conn, call, message)
-        else:  # the usual case, without a coroutine for it
-            request = parse_message(call.rpc.request_type.FromString, message.body)
+        else:  # the usual case, without a coroutine for it (nor parse_message's call)
+            try:
+                request = call.rpc.request_type.FromString(message.body)
+            except DecodeError as exc:
+                raise BadMessage(f"request message does not parse: {exc}") from None
         reply = await handler(request, call)
     except Exception as exc:
         fail_call(conn, call, exc)

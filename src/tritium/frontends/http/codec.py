@@ -85,13 +85,17 @@ def decode_infer_request(
     json_end = _json_header_end(len(view), header_length, max_input_size)
     doc = parse_json_object(view[:json_end] if json_end != len(view) else view)
     request = InferenceRequest(model_name=model_name, inputs={}, model_version=model_version)
-    request.id = _request_id(doc)
+    # Optional fields absent from most requests are not handed to their decoders at all.
+    if "id" in doc:
+        request.id = _request_id(doc)
     options = HttpOutputOptions()
-    _apply_parameters(request, options, doc.get("parameters"))
+    if "parameters" in doc:
+        _apply_parameters(request, options, doc["parameters"])
     reader = BinaryReader(view, json_end, header_length is not None, model_name)
     planned = plan_inputs(doc, reader, request, max_input_size, model, shared_memory)
     reader.finish()
-    request.requested_outputs = _decode_outputs(doc, options, shared_memory)
+    if "outputs" in doc:
+        request.requested_outputs = _decode_outputs(doc, options, shared_memory)
     request_id = request.id or "<id_unknown>"
     inputs = request.inputs
     for plan in planned:
@@ -311,7 +315,7 @@ def _encode(
     options = request.frontend_state
     if not isinstance(options, HttpOutputOptions):
         options = _JSON_OUTPUTS
-    listed = _listed_outputs(request)
+    listed = None if request.requested_outputs is None else _listed_outputs(request)
     served = response.served_by
     blobs: list[Part] = []
     spliced: _Spliced | None = None

@@ -150,7 +150,8 @@ class HttpApi:
 
     # -- inference ---------------------------------------------------------------
     async def infer(self, exchange: HttpExchange, match: Match) -> None:
-        name, version = _model(match), parse_version(match.version)
+        name = match.model if match.model is not None else _model(match)
+        version = parse_version(match.version) if match.version else None
         # Before any of the body is looked at: a request for a model that cannot serve it
         # costs nothing, however big.
         model = self.service.model(name, version)
@@ -162,7 +163,8 @@ class HttpApi:
             body = exchange.request.body
             resolved = model
         size = len(body)
-        header_length = _header_length(headers.get("inference-header-content-length"), size)
+        header_text = headers.get("inference-header-content-length")
+        header_length = None if header_text is None else _header_length(header_text, size)
         if size > offload.INLINE_BYTES:
             request = await offload.run(self._decode_infer, body, header_length, model, version)
             resolved = None
