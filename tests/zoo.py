@@ -202,6 +202,11 @@ def add_fidelity_models(repo: Path, record_dir: Path) -> None:
               '  control_input [{ name: "CORRID" control [{ kind: CONTROL_SEQUENCE_CORRID '
               "data_type: TYPE_UINT64 }] }]\n}\n" + BATCH_IO
               + _parameter("record_file", f"{record_dir}/sequence_oldest.jsonl"))
+    # One candidate sequence: a second one waits in the backlog until the first ends.
+    add_model(repo, "sequence_oldest_one", "batch_record",
+              "max_batch_size: 8\nsequence_batching {\n  oldest { max_candidate_sequences: 1 }\n"
+              "  max_sequence_idle_microseconds: 60000000\n}\n" + BATCH_IO
+              + _parameter("record_file", f"{record_dir}/sequence_oldest_one.jsonl"))
     (state_dir / "initial_state").mkdir(exist_ok=True)
     (state_dir / "initial_state" / "seven.bin").write_bytes((7).to_bytes(4, "little"))
 

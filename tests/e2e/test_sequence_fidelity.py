@@ -15,6 +15,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
+from tests.e2e.observe import wait_for_metric
 from tests.e2e.test_generate import sse_events, url
 from tests.e2e.test_protocols import Client
 from tests.e2e.test_sequences import new_sequence, step
@@ -22,6 +23,7 @@ from tests.server_process import TritiumProcess
 from tritium.core import messages
 
 START, END = 1, 2
+PENDING = "nv_inference_pending_request_count"
 
 
 @pytest.fixture(params=["http", "grpc"])
@@ -149,21 +151,23 @@ def test_implicit_state_input_carries_the_initial_state(client: Client) -> None:
 
 
 # -- the oldest strategy -------------------------------------------------------------------
-def oldest_batches(record_dir: Path, ids: set[str]) -> list[list[str]]:
-    """The batches sequence_oldest executed that hold any of ``ids``, in order."""
-    path = record_dir / "sequence_oldest.jsonl"
+def oldest_batches(record_dir: Path, ids: set[str], model: str = "sequence_oldest"
+                   ) -> list[list[str]]:
+    """The batches ``model`` executed that hold any of ``ids``, in order."""
+    path = record_dir / f"{model}.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return [row["ids"] for row in rows
             if row["event"] == "execute" and ids.intersection(row["ids"])]
 
 
 def oldest_step(protocol: str, server: TritiumProcess, sequence: int, name: str,
-                start: bool = False) -> None:
+                start: bool = False, end: bool = False, model: str = "sequence_oldest") -> None:
     # A client of its own: tritonclient.http sends one request at a time per client.
     client = Client(protocol, server)
     try:
-        client.infer("sequence_oldest", {"INPUT0": np.zeros((1, 1), np.float32)},
-                     request_id=name, sequence_id=sequence, sequence_start=start)
+        client.infer(model, {"INPUT0": np.zeros((1, 1), np.float32)},
+                     request_id=name, sequence_id=sequence, sequence_start=start,
+                     sequence_end=end)
     finally:
         client.raw.close()
 
@@ -182,7 +186,7 @@ def test_oldest_batches_requests_of_different_sequences(client: Client, server: 
                 name = f"{sequence}-{step_no}"
                 names.add(name)
                 futures.append(pool.submit(oldest_step, client.protocol, server, sequence,
-                                           name, step_no == 1))
+                                           name, step_no == 1, step_no == 2))
             for future in futures:
                 future.result(timeout=60)
     got = oldest_batches(record_dir, names)
@@ -204,9 +208,32 @@ def test_oldest_issues_one_request_of_a_sequence_at_a_time(server: TritiumProces
             tensor = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
             tensor.set_data_from_numpy(np.zeros((1, 1), np.float32))
             raw.async_stream_infer("sequence_oldest", [tensor], request_id=f"{sequence}-{step_no}",
-                                   sequence_id=sequence, sequence_start=step_no == 1)
+                                   sequence_id=sequence, sequence_start=step_no == 1,
+                                   sequence_end=step_no == 2)
         answers = [results.get(timeout=60) for _ in order]
         raw.stop_stream()
     assert not [a for a in answers if isinstance(a, Exception)]
     got = oldest_batches(record_dir, {f"{s}-{n}" for s, n in order})
     assert got == [[f"{s}-1" for s in sequences], [f"{s}-2" for s in sequences]]
+
+
+def test_a_sequence_past_max_candidate_sequences_waits_for_one_to_end(
+        client: Client, server: TritiumProcess, record_dir: Path) -> None:
+    """Triton docs "Oldest": with no room for another candidate sequence on any instance
+    (``max_candidate_sequences: 1``) a new sequence waits in the backlog, and runs once a
+    sequence ends."""
+    model = "sequence_oldest_one"
+    first, second = new_sequence(), new_sequence()
+    names = {f"{first}-1", f"{first}-2", f"{second}-1", f"{second}-2"}
+    oldest_step(client.protocol, server, first, f"{first}-1", start=True, model=model)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(oldest_step, client.protocol, server, second, f"{second}-1",
+                              True, False, model)
+        wait_for_metric(server.metrics_url, PENDING, 1, timeout=30, model=model)
+        assert not waiting.done()
+        oldest_step(client.protocol, server, first, f"{first}-2", end=True, model=model)
+        waiting.result(timeout=60)
+    oldest_step(client.protocol, server, second, f"{second}-2", end=True, model=model)
+    got = [sorted(batch) for batch in oldest_batches(record_dir, names, model)]
+    ran = {name: n for n, batch in enumerate(got) for name in batch}
+    assert ran[f"{second}-1"] >= ran[f"{first}-2"] > ran[f"{first}-1"], got

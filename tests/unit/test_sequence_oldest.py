@@ -70,7 +70,7 @@ def test_one_request_per_sequence_per_batch_and_in_order() -> None:
 
 
 def test_the_batch_is_capped_by_max_batch_size() -> None:
-    scheduler, (i0,), _ = make(max_batch_size=2)
+    scheduler, (i0,), _ = make(max_batch_size=2, oldest=OldestPolicy(max_candidate_sequences=8))
     scheduler.enqueue(request("x", 9, START))
     for n in range(3):
         scheduler.enqueue(request(f"s{n}", n + 1, START))
@@ -134,3 +134,37 @@ def test_a_cancelled_issued_request_is_dropped_from_the_batch() -> None:
     finish(scheduler, i0)
     assert batches(i0) == [["a1"], ["c1"]]
     assert scheduler.stats.cancellations[("CLIENT_CANCELLED", "queued")] == 1
+
+
+def test_sequences_past_max_candidate_sequences_wait_in_the_backlog() -> None:
+    """Triton docs "Oldest": a new sequence that finds no instance with room for another
+    candidate sequence goes to the backlog; when a sequence ends, a backlogged one takes
+    its place (``max_candidate_sequences`` per instance)."""
+    scheduler, (i0,), _ = make(oldest=OldestPolicy(max_candidate_sequences=2))
+    scheduler.enqueue(request("a1", 1, START))
+    scheduler.enqueue(request("b1", 2, START))
+    scheduler.enqueue(request("c1", 3, START))  # backlogged: a and b are the candidates
+    scheduler.enqueue(request("c2", 3))
+    finish(scheduler, i0)
+    assert batches(i0) == [["a1"], ["b1"]]
+    scheduler.enqueue(request("a2", 1, END))  # a ends: c takes its place
+    assert batches(i0) == [["a1"], ["b1"]]  # b1 still runs
+    finish(scheduler, i0)
+    assert sorted(batches(i0)[-1]) == ["a2", "c1"]
+    scheduler.enqueue(request("d1", 4, START))  # behind c in the backlog: waits
+    finish(scheduler, i0)
+    assert batches(i0)[-1] == ["c2"]
+    finish(scheduler, i0)
+    assert scheduler.stats.pending == 1 and ["d1"] not in batches(i0)
+
+
+def test_a_backlogged_sequence_takes_the_place_of_a_cancelled_one() -> None:
+    scheduler, (i0,), _ = make(oldest=OldestPolicy(max_candidate_sequences=1))
+    scheduler.enqueue(request("a1", 1, START))
+    gone = request("a2", 1)
+    scheduler.enqueue(gone)
+    scheduler.enqueue(request("b1", 2, START))
+    gone.cancellation.cancel(CancelReason.CLIENT_CANCELLED)
+    scheduler.request_cancelled(gone)  # a is released with its queued request
+    finish(scheduler, i0)
+    assert batches(i0) == [["a1"], ["b1"]]

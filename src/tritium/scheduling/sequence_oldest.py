@@ -5,6 +5,11 @@ first request was bound to, one at a time and in order; each sequence has at mos
 request issued to that instance's dynamic batcher, which forms batches of up to
 ``max_batch_size`` requests from different sequences, oldest first, following the
 ``oldest`` block's ``preferred_batch_size`` and ``max_queue_delay_microseconds``.
+
+An instance holds at most ``max_candidate_sequences`` sequences (default: ``max_batch_size``,
+at least 1). A new sequence that finds no instance with room waits in the backlog, its
+requests queued, until a sequence ends (END, idle release or cancellation), and then takes
+its place.
 """
 
 from __future__ import annotations
@@ -34,6 +39,15 @@ class _BatchSlot(_Slot):
         self.busy = False
 
 
+class _Backlog:
+    """The instance of the backlog's slot: it never executes anything."""
+
+    name = "backlog"
+
+    def submit(self, batch: list[AdmittedRequest]) -> None:
+        raise AssertionError("a backlogged sequence was dispatched")
+
+
 class OldestSequenceScheduler(SequenceScheduler):
     """``SequenceScheduler`` with the ``oldest`` strategy."""
 
@@ -45,6 +59,10 @@ class OldestSequenceScheduler(SequenceScheduler):
         self._sequence_batcher = Batcher(dataclasses.replace(
             policy, dynamic_batching=True, preferred_batch_sizes=oldest.preferred_batch_sizes,
             max_queue_delay_us=oldest.max_queue_delay_us))
+        self._capacity = oldest.max_candidate_sequences or max(1, policy.max_batch_size)
+        # Sequences waiting for room on an instance, oldest first, bound to this slot.
+        self._backlog_slot = _BatchSlot(_Backlog())
+        self._backlog: dict[_Sequence, None] = {}
 
     # -- instances ---------------------------------------------------------------
     def add_instances(self, instances: Sequence[Instance]) -> None:
@@ -71,11 +89,52 @@ class OldestSequenceScheduler(SequenceScheduler):
         for slot in self._slots.values():
             self._run(self._as_batch_slot(slot))
 
+    def request_cancelled(self, request: AdmittedRequest) -> None:
+        super().request_cancelled(request)
+        self._dispatch()  # a backlogged sequence may have taken the released one's place
+
+    def _reap(self) -> None:
+        super()._reap()
+        self._dispatch()
+
     # -- hooks of SequenceScheduler ----------------------------------------------
     def _arrived(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         if not sequence.in_flight:
             self._issue(sequence)
-            self._run(self._as_batch_slot(sequence.slot))
+            self._dispatch()  # an END may have let a backlogged sequence in elsewhere
+
+    def _sequence_for(self, request: AdmittedRequest) -> _Sequence:
+        sequence = super()._sequence_for(request)
+        if sequence.slot is self._backlog_slot and sequence not in self._backlog:
+            self._backlog[sequence] = None
+        return sequence
+
+    def _least_loaded_slot(self) -> _Slot:
+        if self._backlog:
+            return self._backlog_slot  # behind the sequences already waiting
+        slot = super()._least_loaded_slot()
+        return slot if slot.sequences < self._capacity else self._backlog_slot
+
+    def _release(self, sequence: _Sequence) -> None:
+        if sequence.released:
+            return
+        super()._release(sequence)
+        self._backlog.pop(sequence, None)
+        self._promote()
+
+    def _promote(self) -> None:
+        """Bind backlogged sequences to instances with room, oldest first; the caller
+        dispatches."""
+        while self._backlog:
+            slot = super()._least_loaded_slot()
+            if slot.sequences >= self._capacity:
+                return
+            sequence = next(iter(self._backlog))
+            del self._backlog[sequence]
+            self._backlog_slot.sequences -= 1
+            sequence.slot = slot
+            slot.sequences += 1
+            self._issue(sequence)
 
     def _requeued(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         """Nothing more: ``batch_done`` issues the sequence's next request."""
@@ -83,7 +142,7 @@ class OldestSequenceScheduler(SequenceScheduler):
     # -- batches -----------------------------------------------------------------
     def _issue(self, sequence: _Sequence) -> None:
         """Hand the oldest queued request of ``sequence`` to its instance's batcher."""
-        if sequence.in_flight or not sequence.waiting:
+        if sequence.in_flight or not sequence.waiting or sequence.slot is self._backlog_slot:
             return
         request = next(iter(sequence.waiting))
         sequence.in_flight = True
