@@ -191,6 +191,7 @@ def add_fidelity_models(repo: Path, record_dir: Path) -> None:
     add_model(repo, "reschedule_returns_response", "reschedule",
               ITERATIVE + RESCHEDULE_IO + _parameter("misuse", "return_response"))
     add_model(repo, "reschedule_not_iterative", "reschedule", RESCHEDULE_IO)
+    add_model(repo, "bls_reschedule", "bls_reschedule", RESCHEDULE_IO)
     add_model(repo, "reschedule_not_iterative_decoupled", "reschedule",
               DECOUPLED + RESCHEDULE_IO)
     state_dir = add_model(repo, "sequence_state", "accumulator", STATE + SEQUENCE_IO

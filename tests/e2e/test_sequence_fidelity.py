@@ -107,6 +107,14 @@ def test_a_decoupled_model_streams_from_each_execution_over_http(server: Tritium
     assert [flags for _, flags in last] == [START, 0, 0, 0]
 
 
+def test_bls_requests_to_iterative_models_are_rescheduled(client: Client) -> None:
+    """Triton's bls_request_rescheduling QA model: BLS requests without a correlation id to
+    the non-decoupled and the decoupled iterative models get one response (after all the
+    executions) and a stream counting down, as a client's requests do."""
+    _, seen = executions(client, "bls_reschedule", 3)
+    assert seen == {"count": 3, "stream": [2, 1, 0], "errors": []}
+
+
 def test_a_response_returned_for_a_rescheduled_request_fails_it(client: Client) -> None:
     """python_backend pb_stub.cc ProcessReturnedResponses (and Triton's wrong_return_type
     QA model): the returned list must hold None for a rescheduled request; otherwise the
