@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from multiprocessing import shared_memory as mpshm
@@ -351,3 +352,32 @@ def test_a_read_is_bounded(registry: SharedMemoryRegistry, block: mpshm.SharedMe
     error = error_of(registry.slice("r", 0, 9).read)
     assert error.message == ("a tensor of 9 bytes can not be read from shared memory region "
                              "'r': at most 8 bytes are")
+
+
+def test_unregister_during_a_read_closes_as_the_read_ends(
+        registry: SharedMemoryRegistry, block: mpshm.SharedMemory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The descriptor is never closed under a read (its number could be reused for another
+    file before the read is done); it is closed as that read ends."""
+    started, go_on = threading.Event(), threading.Event()
+    real_preadv = os.preadv
+
+    def slow_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        started.set()
+        assert go_on.wait(30)
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(shared_memory.os, "preadv", slow_preadv)
+    buffer_of(block)[:4] = b"abcd"
+    before = descriptors_on(block)
+    registry.register("r", key_of(block), 0, SIZE)
+    results: list[bytearray] = []
+    reader = threading.Thread(target=lambda: results.append(registry.slice("r", 0, 4).read()))
+    reader.start()
+    assert started.wait(30)
+    registry.unregister("r")
+    assert descriptors_on(block) == before + 1, "closed under the read"
+    go_on.set()
+    reader.join(30)
+    assert results == [bytearray(b"abcd")]
+    assert descriptors_on(block) == before
