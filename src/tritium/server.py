@@ -75,7 +75,9 @@ async def serve(config: ServerConfig) -> int:
     log.info("server ready: %d model(s) loaded", len(manager.loaded_models()))
 
     await stop.wait()
-    return await _shutdown(config, service, manager, _Listeners(http, grpc, metrics), poller)
+    code = await _shutdown(config, service, manager, _Listeners(http, grpc, metrics), poller)
+    shared_memory.close()  # no request is left to read or write a region
+    return code
 
 
 def _place_threads(loop: asyncio.AbstractEventLoop) -> None:
