@@ -323,3 +323,15 @@ def test_client_compressed_requests(client: grpcclient.InferenceServerClient,
     result = client.infer("identity_fp32", [tensor], compression_algorithm=algorithm)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
 
+
+
+def test_cuda_shared_memory_registration_is_not_supported(
+        client: grpcclient.InferenceServerClient) -> None:
+    """Triton's gRPC CudaSharedMemoryRegister built without GPUs refuses before it looks at
+    --allow-client-shm: INVALID_ARGUMENT "failed to register CUDA shared memory region:
+    '<name>', GPUs not supported"; status lists no region."""
+    error = status_of(lambda: client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 64))
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert error.message() == ("failed to register CUDA shared memory region: 'gpu', GPUs not "
+                               "supported")
+    assert client.get_cuda_shared_memory_status(as_json=True) == {}

@@ -220,9 +220,8 @@ class SharedMemoryRegistry:
 
     # -- CUDA shared memory: this server has no GPU support -------------------------
     def register_cuda(self, name: str) -> None:
-        self._check_allowed()
-        if not name:
-            raise invalid(messages.CUDA_SHM_NEEDS_NAME)
+        """Always refused; gRPC says so whatever --allow-client-shm says, as Triton does
+        (HTTP checks the flag and the name first)."""
         raise invalid(messages.CUDA_SHM_UNSUPPORTED.format(name=name))
 
     def cuda_status(self, name: str = "") -> list[RegionStatus]:

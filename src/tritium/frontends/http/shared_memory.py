@@ -99,7 +99,11 @@ async def cuda_status(api: HttpApi, exchange: HttpExchange, match: Match) -> Non
 
 
 async def cuda_register(api: HttpApi, exchange: HttpExchange, match: Match) -> None:
-    api.shared_memory.register_cuda(match.model or "")
+    if not api.shared_memory.enabled:
+        raise TritiumError(ErrorCode.UNSUPPORTED, messages.SHM_DISABLED)
+    if not match.model:
+        raise invalid(messages.CUDA_SHM_NEEDS_NAME)
+    api.shared_memory.register_cuda(match.model)
 
 
 async def cuda_unregister(api: HttpApi, exchange: HttpExchange, match: Match) -> None:
