@@ -246,6 +246,10 @@ def _without(key: str) -> dict[str, Any]:
      "Unable to parse 'outputs': attempt to access JSON non-array as array"),
     ({"inputs": [_INPUT], "outputs": [{"name": 1}]},
      "Unable to parse 'name': attempt to access JSON non-string as string"),
+    ({"inputs": [_INPUT], "outputs": [{"name": "OUTPUT0",
+                                       "parameters": {"classification": "2"}}]},
+     "Unable to set 'classification': attempt to access JSON non-unsigned-integer as "
+     "unsigned-integer"),
     ({"inputs": [_INPUT], "parameters": []},
      "failed to get request params.: attempt to get members for non-object"),
     ({"inputs": [_INPUT], "parameters": {"k": [1]}},
@@ -261,7 +265,8 @@ def test_http_json_names_shapes_and_types(server: TritiumProcess, body: dict[str
     parse '<field>': " and TritonJson's own refusal (triton_json.h): a member that is absent
     ("attempt to access non-existing object member"), or of the wrong type ("attempt to
     access JSON non-array as array", "... non-string as string", "... non-unsigned-integer as
-    unsigned-integer"); an unknown datatype name is "invalid datatype for input <name>"; a
+    unsigned-integer"; output options are "Unable to set ..."); an unknown datatype name is
+    "invalid datatype for input <name>"; a
     model parameter that is no scalar is named with 'int', 'bool', or 'string'."""
     reply = requests.post(f"http://{server.http_url}/v2/models/add_sub/infer", json=body,
                           timeout=30)

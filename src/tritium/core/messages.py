@@ -76,6 +76,10 @@ JSON_NOT_UNSIGNED = ("Unable to parse '{key}': attempt to access JSON non-unsign
                      "unsigned-integer")
 JSON_NOT_BOOL = "Unable to parse '{key}': attempt to access JSON non-boolean as boolean"
 JSON_NOT_STRING = "Unable to parse '{key}': attempt to access JSON non-string as string"
+# Output options are "set", not "parsed" (CheckClassificationOutput, ValidateOutputParameter).
+JSON_SET_NOT_UNSIGNED = ("Unable to set '{key}': attempt to access JSON non-unsigned-integer as "
+                         "unsigned-integer")
+JSON_SET_NOT_BOOL = "Unable to set '{key}': attempt to access JSON non-boolean as boolean"
 JSON_MISSING = "Unable to parse '{key}': attempt to access non-existing object member '{key}'"
 JSON_NOT_ARRAY = "Unable to parse '{key}': attempt to access JSON non-array as array"
 # ReadDataFromJson (http_server.cc) on a datatype name it does not know.

@@ -15,6 +15,7 @@ from tritium.core.classification import classify
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.model import ModelHandle
 from tritium.core.parameters import (
+    ValueNames,
     apply_known_parameter,
     parse_bool,
     parse_unsigned,
@@ -199,6 +200,7 @@ def _request_id(doc: dict[str, Any]) -> str:
 
 
 _SCALAR_TYPES = frozenset((str, int, float, bool))
+_OUTPUT_NAMES = ValueNames(unsigned=messages.JSON_SET_NOT_UNSIGNED)
 _RESERVED_PARAMETERS = frozenset(("headers",))
 
 
@@ -258,7 +260,7 @@ def _decode_output(item: Any, options: HttpOutputOptions,
     if "binary_data" in params:
         parse_bool("binary_data", params["binary_data"])
     if "classification" in params:
-        parse_unsigned("classification", params["classification"])
+        parse_unsigned("classification", params["classification"], _OUTPUT_NAMES)
     kept = {key: value for key, value in params.items() if type(value) in _SCALAR_TYPES}
     return RequestedOutput(name, kept)
 

@@ -39,8 +39,7 @@ def output_slice(params: dict[str, Any], registry: SharedMemoryRegistry | None) 
     if "binary_data" in params:
         binary = params["binary_data"]
         if type(binary) is not bool:
-            raise invalid(messages.JSON_NOT_BOOL.format(key="binary_data").replace(
-                "Unable to parse", "Unable to set"))
+            raise invalid(messages.JSON_SET_NOT_BOOL.format(key="binary_data"))
         if binary:
             raise invalid(messages.SHM_HTTP_WITH_BINARY)
     name, offset, byte_size = _parameters(params)
