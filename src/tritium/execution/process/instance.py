@@ -142,6 +142,9 @@ class ProcessInstance:
         for request in batch:
             if request.cancellation.is_cancelled():
                 _end_unstarted(request)
+            elif len(self._pending) + len(live) >= self._flags.slots:
+                self._fail([request], TritiumError(ErrorCode.UNAVAILABLE, (
+                    f"instance {self.name} holds {self._flags.slots} requests already")))
             else:
                 live.append(request)
         if not live or self._dead or self._channel is None:
