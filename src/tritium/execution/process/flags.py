@@ -76,8 +76,8 @@ class SlotCancellation:
         self._slot = slot
 
     def is_cancelled(self) -> bool:
-        return self._slot >= 0 and self._view[self._slot] != 0
+        return self._view[self._slot] != 0  # models call it every token: one byte read
 
     @property
     def reason(self) -> CancelReason | None:
-        return reason_of(self._view[self._slot]) if self._slot >= 0 else None
+        return reason_of(self._view[self._slot])
