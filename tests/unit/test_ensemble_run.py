@@ -70,13 +70,13 @@ class Repository:
         return self.models[name]
 
 
-def ensemble(service: InferenceService, name: str, steps: str, outputs: str = "OUTPUT0"
-             ) -> EnsembleModel:
+def ensemble(service: InferenceService, name: str, steps: str, outputs: str = "OUTPUT0",
+             max_inflight: int = 0) -> EnsembleModel:
     text = (f'name: "{name}" platform: "ensemble" '
             'input { name: "INPUT0" data_type: TYPE_FP32 dims: [-1] } '
             + "".join(f'output {{ name: "{o}" data_type: TYPE_FP32 dims: [-1] }} '
                       for o in outputs.split())
-            + f"ensemble_scheduling {{ {steps} }}")
+            + f"ensemble_scheduling {{ {steps} max_inflight_requests: {max_inflight} }}")
     config = text_format.Parse(text, model_config_pb2.ModelConfig())
     return EnsembleModel(EnsemblePlan.from_config(config), config, service)
 
@@ -248,4 +248,32 @@ def test_a_step_refused_at_once_still_finishes_the_request() -> None:
         assert response.error.message == "in ensemble 'odd', Request for unknown model: 'b'"
         await turn()
         assert model.in_flight() == 0 and service.in_flight() == []
+    run(body)
+
+
+def test_max_inflight_requests_holds_a_step_back_until_one_finishes() -> None:
+    """Triton's per-step limit, shared by the ensemble's requests; a request cancelled while
+    its step waits for a slot never reaches the step's model."""
+    async def body(loop: asyncio.AbstractEventLoop) -> None:
+        a = Step("a")
+        repository = Repository(a)
+        service = InferenceService(repository, loop)
+        repository.models["one"] = ensemble(service, "one", step("a", "INPUT0", "OUTPUT0"),
+                                            max_inflight=1)
+        first = submit(service, "one", Cancellation(loop))
+        second = submit(service, "one", Cancellation(loop))
+        leaving = Cancellation(loop)
+        third = submit(service, "one", leaving)
+        await turn()
+        assert len(a.requests) == 1
+        leaving.cancel(CancelReason.CLIENT_CANCELLED)
+        assert (await third.receive()).error is not None
+        a.answer(0)
+        assert (await first.receive()).error is None
+        await turn()
+        assert len(a.requests) == 2  # the second now; the third is gone
+        a.answer(1)
+        assert (await second.receive()).error is None
+        await turn()
+        assert len(a.requests) == 2
     run(body)

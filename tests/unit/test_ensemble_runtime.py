@@ -1,8 +1,12 @@
-"""Ensemble data flow as a pure piece: which steps are ready, in which order, and when."""
+"""Ensemble data flow as pure pieces: which steps are ready, in which order, and when; and
+how many of a step may run at once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tritium.ensemble.graph import EnsembleGraph, StepRun, TensorBoard, reshape_dims
+from tritium.ensemble.limits import StepLimits
 from tritium.ensemble.plan import EnsemblePlan, EnsembleStep
 
 
@@ -128,3 +132,42 @@ def test_reshape_between_batching_and_non_batching_models() -> None:
     # Same batching on both sides: never changed.
     assert reshape_dims((3,), True, 4, (4, 3)) == (4, 3)
     assert reshape_dims((3,), False, 0, (5,)) == (5,)
+
+
+def test_step_limits_start_waiting_steps_in_order_as_others_finish() -> None:
+    """ensemble_scheduling.max_inflight_requests: at most that many requests of a step at
+    once, across the ensemble's requests; the rest start in order as slots free up."""
+    limits = StepLimits(2, 1)
+    started: list[str] = []
+
+    def start(name: str, wanted: bool = True) -> Callable[[], bool]:
+        def go() -> bool:
+            if wanted:
+                started.append(name)
+            return wanted
+        return go
+
+    limits.acquire(0, start("a"))
+    limits.acquire(0, start("b"))
+    limits.acquire(0, start("gone", wanted=False))  # its request ended while it waited
+    limits.acquire(0, start("c"))
+    limits.acquire(1, start("other step"))  # each step has its own slots
+    assert started == ["a", "other step"] and limits.waiting(0) == 3
+    limits.release(0)
+    assert started == ["a", "other step", "b"]
+    limits.release(0)  # "gone" gives its slot back at once, so "c" starts
+    assert started == ["a", "other step", "b", "c"]
+    assert (limits.running(0), limits.waiting(0)) == (1, 0)
+
+
+def test_no_limit_starts_every_step_at_once() -> None:
+    limits = StepLimits(1, 0)
+    started: list[int] = []
+
+    def start() -> bool:
+        started.append(len(started))
+        return True
+
+    for _ in range(5):
+        limits.acquire(0, start)
+    assert started == [0, 1, 2, 3, 4] and limits.running(0) == 0

@@ -16,6 +16,7 @@ from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.statistics import Duration, ModelStatistics
 from tritium.core.types import TensorSpec
 from tritium.ensemble.graph import EnsembleGraph
+from tritium.ensemble.limits import StepLimits
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.ensemble.runtime import EnsembleRun, StepTimes
 from tritium.repository.config import config_to_json, tensor_specs
@@ -47,6 +48,11 @@ class EnsembleModel:
         self.plan = plan
         self.service = service
         self._graph = EnsembleGraph(plan)
+        self._limits = StepLimits(len(plan.steps),
+                                  config.ensemble_scheduling.max_inflight_requests)
+        if self._limits.limit > 0:
+            log.info("Ensemble model '%s' configured with max_inflight_requests: %d",
+                     config.name, self._limits.limit)
         self.name: str = config.name
         self.version = version
         self.platform: str = "ensemble"
@@ -101,7 +107,7 @@ class EnsembleModel:
         request.move_to(RequestStage.EXECUTING)
         self._stats.executing += 1
         run = EnsembleRun(self._graph, self.service, request, self.decoupled,
-                          self.max_batch_size > 0, self._output_dims)
+                          self.max_batch_size > 0, self._output_dims, self._limits)
         self._runs[request] = run
         self._admitted.add(request)
         self._stats.queue.add(time.monotonic_ns() - request.arrival_ns)

@@ -20,6 +20,7 @@ from tritium.core.request import AdmittedRequest, InferenceRequest, RequestedOut
 from tritium.core.response import InferenceResponse, ResponseStream, StreamClosedError
 from tritium.core.types import Tensor
 from tritium.ensemble.graph import EnsembleGraph, StepRun, TensorBoard, TensorKey, reshape_dims
+from tritium.ensemble.limits import StepLimits
 
 if TYPE_CHECKING:
     from tritium.core.model import ModelHandle
@@ -46,7 +47,7 @@ class StepTimes:
 class EnsembleRun:
     def __init__(self, graph: EnsembleGraph, service: InferenceService,
                  request: AdmittedRequest, decoupled: bool, batching: bool,
-                 outputs: dict[str, tuple[int, ...]]):
+                 outputs: dict[str, tuple[int, ...]], limits: StepLimits):
         self._graph = graph
         self._plan = graph.plan
         self._service = service
@@ -54,6 +55,7 @@ class EnsembleRun:
         self._decoupled = decoupled
         self._batching = batching
         self._output_dims = outputs  # ensemble output -> its configured (reshaped) dims
+        self._limits = limits  # the ensemble's, shared by its requests
         requested = request.request.requested_output_names()
         self._requested = tuple(name for name in self._plan.outputs
                                 if requested is None or name in requested)
@@ -141,8 +143,16 @@ class EnsembleRun:
             self._send(InferenceResponse.final_flag())
 
     def _launch(self, run: StepRun) -> None:
-        step = self._plan.steps[run.step]
         inputs = self._board.take_inputs(run)
+        # Counted at once, so the request cannot end while the step waits for its turn.
+        self._in_flight += 1
+        self._limits.acquire(run.step, lambda: self._submit(run, inputs))
+
+    def _submit(self, run: StepRun, inputs: dict[str, Slot]) -> bool:
+        """Submit the step's request and read its responses; False if it was not sent."""
+        if self._closed:
+            return False
+        step = self._plan.steps[run.step]
         version = None if step.model_version < 0 else step.model_version
         cancellation = Cancellation.following(self._service.loop, (self._steps_cancellation,))
         try:
@@ -153,11 +163,11 @@ class EnsembleRun:
         except TritiumError as exc:
             cancellation.detach()
             self._fail(exc)
-            return
-        self._in_flight += 1
+            return False
         task = self._service.loop.create_task(self._pump(run, stream, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
     def _child_request(self, model: ModelHandle, run: StepRun, inputs: dict[str, Slot]
                        ) -> tuple[InferenceRequest, int]:
@@ -196,17 +206,20 @@ class EnsembleRun:
     async def _pump(self, run: StepRun, stream: ResponseStream, batch: int) -> None:
         """Feed each response of one step into the board, until its final one."""
         started = time.monotonic_ns()
-        async for response in stream:
-            if self._closed:
-                return  # the step was cancelled with the run; its answers are not wanted
-            if response.error is not None:
-                self._fail(response.error)
-                return
-            updated = [] if response.flag_only else self._store(run.step, response, batch)
-            if response.final:
-                self._in_flight -= 1
-                self.times.compute_ns += time.monotonic_ns() - started
-            self._advance(updated)
+        try:
+            async for response in stream:
+                if self._closed:
+                    return  # the step was cancelled with the run; its answers are not wanted
+                if response.error is not None:
+                    self._fail(response.error)
+                    return
+                updated = [] if response.flag_only else self._store(run.step, response, batch)
+                if response.final:
+                    self._in_flight -= 1
+                    self.times.compute_ns += time.monotonic_ns() - started
+                self._advance(updated)
+        finally:
+            self._limits.release(run.step)
 
     def _store(self, index: int, response: InferenceResponse, batch: int) -> list[TensorKey]:
         output_map = self._plan.steps[index].output_map
