@@ -3,6 +3,7 @@ and the implicit state inputs a python model gets."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,17 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from tests.unit.admitted import admit
 from tests.unit.test_sequences import FakeInstance, finish, request
-from tritium.core.errors import TritiumError
-from tritium.core.request import RELEASE_RESCHEDULE, SEQUENCE_END, SEQUENCE_START, RequestStage
+from tritium.core.cancellation import CancelReason
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.request import (
+    RELEASE_RESCHEDULE,
+    SEQUENCE_END,
+    SEQUENCE_START,
+    InferenceRequest,
+    RequestStage,
+)
 from tritium.core.types import DataType
 from tritium.scheduling.clock import ManualClock
 from tritium.scheduling.implicit_state import implicit_states
@@ -104,6 +113,22 @@ def test_a_request_whose_client_left_is_not_rescheduled() -> None:
     a.stream.closed = True  # ended: nobody waits for another execution
     finish(scheduler, i0)
     assert i0.ids() == ["a"] and a.stage is RequestStage.DONE and scheduler.is_idle()
+
+
+def test_a_rescheduled_request_cancelled_while_executing_ends_cancelled() -> None:
+    """Not run again, and answered: no later execution would send its response."""
+    scheduler, (i0,) = make()
+    loop = asyncio.new_event_loop()  # open: the stream's end is handed to it
+    try:
+        a = admit(InferenceRequest(model_name="it", inputs={}, id="a"), loop=loop)
+        scheduler.enqueue(a)
+        a.release_flags = RELEASE_RESCHEDULE
+        a.cancellation.cancel(CancelReason.CLIENT_CANCELLED)
+        finish(scheduler, i0)
+        assert i0.ids() == ["a"] and a.stage is RequestStage.DONE and a.stream.closed
+        assert a.stream.error is not None and a.stream.error.code is ErrorCode.CANCELLED
+    finally:
+        loop.close()
 
 
 def test_without_iterative_the_release_flags_are_not_read() -> None:

@@ -36,7 +36,7 @@ from tritium.core.request import (
     InferenceRequest,
     RequestStage,
 )
-from tritium.core.response import ResponseStream
+from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.types import DataType, Tensor
 from tritium.scheduling.clock import Alarm, Clock
 from tritium.scheduling.policy import ControlKind, SchedulerPolicy, SequenceControl
@@ -115,8 +115,10 @@ class SequenceScheduler(ModelScheduler):
         """``request`` of ``sequence`` came back from ``execute``."""
         if self._iterative:
             if _rescheduled(request):
-                self._requeue(request, sequence)
-                return
+                if request.cancellation.reason is None:
+                    self._requeue(request, sequence)
+                    return
+                _end_cancelled(request)
             # Released without RESCHEDULE: Triton ends an iterative request's sequence.
             self._release(sequence)
         sequence.outstanding -= 1
@@ -307,6 +309,14 @@ class SequenceScheduler(ModelScheduler):
             decoded.inputs[control.name] = Tensor(control.name, control.datatype, shape, data)
         for state in self._states:
             decoded.inputs[state.input_name] = state.tensor()
+
+
+def _end_cancelled(request: AdmittedRequest) -> None:
+    """A rescheduled request cancelled while it executed is not run again: no execution
+    will answer it, so it ends here (a BLS child its parent cancelled is still open)."""
+    reason = request.cancellation.reason
+    assert reason is not None
+    request.stream.close_with(InferenceResponse.failure(reason.to_error()))
 
 
 def _rescheduled(request: AdmittedRequest) -> bool:
