@@ -70,6 +70,11 @@ class Repository:
         return self.models[name]
 
 
+def serve(repository: Repository, loop: asyncio.AbstractEventLoop) -> InferenceService:
+    # Only ``resolve`` of the ModelRepository protocol is used by what these tests do.
+    return InferenceService(repository, loop)  # type: ignore[arg-type]
+
+
 def ensemble(service: InferenceService, name: str, steps: str, outputs: str = "OUTPUT0",
              max_inflight: int = 0) -> EnsembleModel:
     text = (f'name: "{name}" platform: "ensemble" '
@@ -113,7 +118,7 @@ def test_steps_start_in_order_and_carry_the_requests_fields() -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         a, b = Step("a"), Step("b")
         repository = Repository(a, b)
-        service = InferenceService(repository, loop)
+        service = serve(repository, loop)
         repository.models["chain"] = model = ensemble(service, "chain", CHAIN)
         stream = submit(service, "chain", Cancellation(loop))
         await turn()
@@ -140,7 +145,7 @@ def test_a_failing_step_fails_at_once_and_stops_the_others() -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         a, b = Step("a"), Step("b")
         repository = Repository(a, b)
-        service = InferenceService(repository, loop)
+        service = serve(repository, loop)
         repository.models["fork"] = model = ensemble(service, "fork", FORK, "OA OB")
         stream = submit(service, "fork", Cancellation(loop))
         await turn()
@@ -161,7 +166,7 @@ def test_a_cancelled_ensemble_cancels_its_step_and_starts_no_other() -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         a, b = Step("a"), Step("b")
         repository = Repository(a, b)
-        service = InferenceService(repository, loop)
+        service = serve(repository, loop)
         repository.models["chain"] = model = ensemble(service, "chain", CHAIN)
         client = Cancellation(loop)
         stream = submit(service, "chain", client)
@@ -184,7 +189,7 @@ def test_a_decoupled_step_flows_through_and_the_last_response_is_final() -> None
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         a, b = Step("a", decoupled=True), Step("b")
         repository = Repository(a, b)
-        service = InferenceService(repository, loop)
+        service = serve(repository, loop)
         repository.models["chain"] = model = ensemble(service, "chain", CHAIN)
         assert model.decoupled  # Triton's rule: any decoupled step
         stream = submit(service, "chain", Cancellation(loop))
@@ -207,7 +212,7 @@ def test_a_decoupled_ensemble_with_no_response_ends_with_a_final_flag() -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         a, b = Step("a", decoupled=True), Step("b")
         repository = Repository(a, b)
-        service = InferenceService(repository, loop)
+        service = serve(repository, loop)
         repository.models["chain"] = ensemble(service, "chain", CHAIN)
         stream = submit(service, "chain", Cancellation(loop))
         await turn()
@@ -223,7 +228,7 @@ def test_a_single_response_ensemble_without_its_outputs_is_a_deadlock() -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         a, b = Step("a"), Step("b")
         repository = Repository(a, b)
-        service = InferenceService(repository, loop)
+        service = serve(repository, loop)
         repository.models["chain"] = ensemble(service, "chain", CHAIN)
         stream = submit(service, "chain", Cancellation(loop))
         await turn()
@@ -239,7 +244,7 @@ def test_a_single_response_ensemble_without_its_outputs_is_a_deadlock() -> None:
 def test_a_step_refused_at_once_still_finishes_the_request() -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         repository = Repository(Step("a"))  # "b" is missing
-        service = InferenceService(repository, loop)
+        service = serve(repository, loop)
         repository.models["odd"] = model = ensemble(service, "odd", step("b", "INPUT0",
                                                                           "OUTPUT0"))
         stream = submit(service, "odd", Cancellation(loop))
@@ -257,7 +262,7 @@ def test_max_inflight_requests_holds_a_step_back_until_one_finishes() -> None:
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         a = Step("a")
         repository = Repository(a)
-        service = InferenceService(repository, loop)
+        service = serve(repository, loop)
         repository.models["one"] = ensemble(service, "one", step("a", "INPUT0", "OUTPUT0"),
                                             max_inflight=1)
         first = submit(service, "one", Cancellation(loop))
