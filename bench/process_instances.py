@@ -168,6 +168,16 @@ def rss_lines(server: TritiumProcess) -> list[str]:
             f"{float(np.median(pss)):.1f} MiB (Triton's stub: ~40 MiB RSS)"]
 
 
+def execute_ms(server: TritiumProcess, model: str) -> float:
+    """The mean execute() time so far, from the model's statistics (compute_infer)."""
+    import requests
+
+    stats = requests.get(f"http://{server.http_url}/v2/models/{model}/stats",
+                         timeout=30).json()["model_stats"][0]["inference_stats"]
+    infer = stats["compute_infer"]
+    return float(infer["ns"]) / max(int(infer["count"]), 1) / 1e6
+
+
 def is_cancelled_ns(server: TritiumProcess, model: str) -> float:
     import requests
 
@@ -195,8 +205,8 @@ def parallel(server: TritiumProcess, seconds: float) -> None:
     for model in ("busy_process_1", "busy_process_2", "busy_thread_2"):
         rate, p50, p99, _ = measured(server, http_run(model), 4, seconds * 2)
         rates[model] = rate
-        print(f"  {model:16s} {rate:7.0f} infer/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms",
-              flush=True)
+        print(f"  {model:16s} {rate:7.0f} infer/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
+              f"execute {execute_ms(server, model):5.2f} ms", flush=True)
     print(f"  process kind, 2 instances vs 1: "
           f"{rates['busy_process_2'] / rates['busy_process_1']:.2f}x (target >= 1.8x); "
           f"thread kind 2 instances vs process kind 1: "
