@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.unit.admitted import admit
 from tests.unit.test_sequences import MS, FakeInstance, finish, request
 from tritium.core.cancellation import CancelReason
@@ -168,3 +170,28 @@ def test_a_backlogged_sequence_takes_the_place_of_a_cancelled_one() -> None:
     scheduler.request_cancelled(gone)  # a is released with its queued request
     finish(scheduler, i0)
     assert batches(i0) == [["a1"], ["b1"]]
+
+
+class WakeOrder:
+    """Stands in for a response stream: records when its responses are let go."""
+
+    def __init__(self, name: str, log: list[str]):
+        self.name, self.log = name, log
+
+    def _wake(self) -> None:
+        self.log.append(self.name)
+
+
+def test_preserve_ordering_delivers_batches_in_dispatch_order() -> None:
+    """``oldest { preserve_ordering: true }`` goes to the dynamic batcher: responses leave in
+    the order their batches were dispatched, whichever instance finishes first."""
+    scheduler, (i0, i1), _ = make(instances=2, oldest=OldestPolicy(preserve_ordering=True))
+    scheduler.enqueue(request("a1", 1, START))
+    scheduler.enqueue(request("b1", 2, START))
+    delivered: list[str] = []
+    woken_b: list[Any] = [WakeOrder("b1", delivered)]
+    scheduler.batch_done(i1, i1.batches[-1], 1000, woken_b)
+    assert delivered == []  # held until a1's batch, dispatched first, is delivered
+    woken_a: list[Any] = [WakeOrder("a1", delivered)]
+    scheduler.batch_done(i0, i0.batches[-1], 1000, woken_a)
+    assert delivered == ["a1", "b1"]

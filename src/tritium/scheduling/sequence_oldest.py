@@ -9,7 +9,8 @@ request issued to that instance's dynamic batcher, which forms batches of up to
 An instance holds at most ``max_candidate_sequences`` sequences (default: ``max_batch_size``,
 at least 1). A new sequence that finds no instance with room waits in the backlog, its
 requests queued, until a sequence ends (END, idle release or cancellation), and then takes
-its place.
+its place. ``preserve_ordering`` delivers the responses ``execute`` returns in the order the
+batches were dispatched, as the dynamic batcher's does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tritium.core.request import AdmittedRequest, RequestStage
 from tritium.core.response import ResponseStream
 from tritium.scheduling.batcher import Batcher
 from tritium.scheduling.clock import Clock
+from tritium.scheduling.ordering import OrderedDelivery
 from tritium.scheduling.policy import SchedulerPolicy
 from tritium.scheduling.scheduler import Instance, ModelScheduler
 from tritium.scheduling.sequences import SequenceScheduler, _Sequence, _Slot
@@ -60,6 +62,9 @@ class OldestSequenceScheduler(SequenceScheduler):
             policy, dynamic_batching=True, preferred_batch_sizes=oldest.preferred_batch_sizes,
             max_queue_delay_us=oldest.max_queue_delay_us))
         self._capacity = oldest.max_candidate_sequences or max(1, policy.max_batch_size)
+        if oldest.preserve_ordering:
+            # The base class holds a batch's returned responses until those before it left.
+            self._ordered = OrderedDelivery()
         # Sequences waiting for room on an instance, oldest first, bound to this slot.
         self._backlog_slot = _BatchSlot(_Backlog())
         self._backlog: dict[_Sequence, None] = {}
