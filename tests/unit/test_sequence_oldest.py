@@ -149,11 +149,12 @@ def test_sequences_past_max_candidate_sequences_wait_in_the_backlog() -> None:
     scheduler.enqueue(request("c2", 3))
     finish(scheduler, i0)
     assert batches(i0) == [["a1"], ["b1"]]
-    scheduler.enqueue(request("a2", 1, END))  # a ends: c takes its place
-    assert batches(i0) == [["a1"], ["b1"]]  # b1 still runs
+    scheduler.enqueue(request("a2", 1, END))  # a ends: c takes its place once a2 is done
     finish(scheduler, i0)
-    assert sorted(batches(i0)[-1]) == ["a2", "c1"]
+    assert batches(i0)[-1] == ["a2"]  # never a2 and c1 together: 3 sequences in a batch
     scheduler.enqueue(request("d1", 4, START))  # behind c in the backlog: waits
+    finish(scheduler, i0)
+    assert batches(i0)[-1] == ["c1"]
     finish(scheduler, i0)
     assert batches(i0)[-1] == ["c2"]
     finish(scheduler, i0)

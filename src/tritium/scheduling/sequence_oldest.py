@@ -8,9 +8,9 @@ request issued to that instance's dynamic batcher, which forms batches of up to
 
 An instance holds at most ``max_candidate_sequences`` sequences (default: ``max_batch_size``,
 at least 1). A new sequence that finds no instance with room waits in the backlog, its
-requests queued, until a sequence ends (END, idle release or cancellation), and then takes
-its place. ``preserve_ordering`` delivers the responses ``execute`` returns in the order the
-batches were dispatched, as the dynamic batcher's does.
+requests queued, until a sequence ends (END, idle release or cancellation) and its last
+request has finished, and then takes its place. ``preserve_ordering`` delivers the responses
+``execute`` returns in the order the batches were dispatched, as the dynamic batcher's does.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tritium.scheduling.sequences import SequenceScheduler, _Sequence, _Slot
 class _BatchSlot(_Slot):
     """An instance, the requests issued to its batcher and those it executes."""
 
-    __slots__ = ("busy", "executing", "ready")
+    __slots__ = ("busy", "ending", "executing", "ready")
 
     def __init__(self, instance: Instance):
         super().__init__(instance)
@@ -39,6 +39,7 @@ class _BatchSlot(_Slot):
         self.ready: dict[AdmittedRequest, _Sequence] = {}
         self.executing: dict[AdmittedRequest, _Sequence] = {}
         self.busy = False
+        self.ending = 0  # released sequences whose last requests have not finished
 
 
 class _Backlog:
@@ -68,6 +69,7 @@ class OldestSequenceScheduler(SequenceScheduler):
         # Sequences waiting for room on an instance, oldest first, bound to this slot.
         self._backlog_slot = _BatchSlot(_Backlog())
         self._backlog: dict[_Sequence, None] = {}
+        self._ending: dict[_Sequence, None] = {}  # see _BatchSlot.ending
 
     # -- instances ---------------------------------------------------------------
     def add_instances(self, instances: Sequence[Instance]) -> None:
@@ -117,22 +119,54 @@ class OldestSequenceScheduler(SequenceScheduler):
     def _least_loaded_slot(self) -> _Slot:
         if self._backlog:
             return self._backlog_slot  # behind the sequences already waiting
-        slot = super()._least_loaded_slot()
-        return slot if slot.sequences < self._capacity else self._backlog_slot
+        super()._least_loaded_slot()  # raises when there is no instance
+        return self._slot_with_room() or self._backlog_slot
+
+    def _slot_with_room(self) -> _BatchSlot | None:
+        """The instance holding the fewest sequences, if it has room for another."""
+        slots = [self._as_batch_slot(slot) for slot in self._slots.values()]
+        slot = min(slots, key=lambda s: s.sequences + s.ending, default=None)
+        if slot is None or slot.sequences + slot.ending >= self._capacity:
+            return None
+        return slot
 
     def _release(self, sequence: _Sequence) -> None:
         if sequence.released:
             return
         super()._release(sequence)
-        self._backlog.pop(sequence, None)
+        if self._backlog.pop(sequence, None) is None and sequence.outstanding:
+            # As Triton frees a sequence slot only once its END request has completed.
+            self._as_batch_slot(sequence.slot).ending += 1
+            self._ending[sequence] = None
+            return
         self._promote()
+
+    def _settle(self, sequence: _Sequence) -> None:
+        """``sequence`` has one request fewer outstanding: a released one that has none
+        left makes room."""
+        if sequence.outstanding == 0 and sequence in self._ending:
+            del self._ending[sequence]
+            self._as_batch_slot(sequence.slot).ending -= 1
+            self._promote()
+
+    def _executed(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        super()._executed(request, sequence)
+        self._settle(sequence)
+
+    def _unqueue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        super()._unqueue(request, sequence)
+        self._settle(sequence)
+
+    def _drop_ended(self, request: AdmittedRequest, sequence: _Sequence) -> None:
+        super()._drop_ended(request, sequence)
+        self._settle(sequence)
 
     def _promote(self) -> None:
         """Bind backlogged sequences to instances with room, oldest first; the caller
         dispatches."""
         while self._backlog:
-            slot = super()._least_loaded_slot()
-            if slot.sequences >= self._capacity:
+            slot = self._slot_with_room()
+            if slot is None:
                 return
             sequence = next(iter(self._backlog))
             del self._backlog[sequence]
