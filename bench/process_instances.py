@@ -12,7 +12,7 @@ One server, one repository, every model choosing its kind with TRITIUM_INSTANCE_
   6. an unrelated small (thread-kind identity) model's latency while 2 instances of the
      pure-Python model are saturated, vs idle: process kind, then thread kind.
 
-    python bench/process_instances.py [--seconds 2] [--trials 30]
+    python bench/process_instances.py [--seconds 2] [--trials 30] [-- tritium serve flags]
 """
 
 from __future__ import annotations
@@ -242,6 +242,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("server_args", nargs="*",
+                        help="extra `tritium serve` flags, after --, e.g. -- "
+                             "--python-threads-core none")
     args = parser.parse_args()
     turns = calibrate(EXECUTE_MS)
     # Other load on the machine moves every figure: say how much there was.
@@ -250,7 +253,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo, record_file = Path(tmp) / "repo", Path(tmp) / "slow.jsonl"
         build(repo, record_file, turns)
-        server = TritiumProcess(repo).start(120)
+        server = TritiumProcess(repo, *args.server_args).start(120)
         try:
             print("4. idle instance processes (before any load)", flush=True)
             print("\n".join(rss_lines(server)), flush=True)
