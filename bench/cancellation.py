@@ -5,7 +5,7 @@ every 1 ms and records the moment it sees it, on the shared CLOCK_MONOTONIC); th
 leaves once the model has started, and the delay is the model's timestamp minus the
 client's. Run idle, then again while other clients keep the server busy.
 
-    python bench/cancellation.py [--trials 50]
+    python bench/cancellation.py [--trials 50] [--instance-kind thread|process]
 """
 
 from __future__ import annotations
@@ -127,12 +127,14 @@ def measure(server: TritiumProcess, records: Records, leave: Leave, trials: int)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--instance-kind", choices=("thread", "process"), default="thread",
+                        help="where the models' instances run (--python-instance-kind)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         repo, record_file = Path(tmp) / "repo", Path(tmp) / "slow.jsonl"
         build(repo, record_file)
         records = Records(record_file)
-        server = TritiumProcess(repo).start()
+        server = TritiumProcess(repo, "--python-instance-kind", args.instance_kind).start()
         paths: dict[str, Leave] = {
             "HTTP /infer": http_leave("slow", "infer", records),
             "HTTP /generate": http_leave("slow", "generate", records),
@@ -154,7 +156,8 @@ def main() -> None:
                         worker.start()
                 for name, leave in paths.items():
                     figures = measure(server, records, leave, args.trials)
-                    print(f"{condition:6s} {name:34s} {figures}", flush=True)
+                    print(f"{args.instance_kind:7s} {condition:6s} {name:34s} {figures}",
+                          flush=True)
                 for worker in workers:
                     worker.kill()
                     worker.join()

@@ -309,11 +309,12 @@ def main() -> int:
     config = model_config_pb2.ModelConfig()
     config.ParseFromString(config_bytes)
     _install_bridge(link)
-    # Placed as the server places an instance thread (execution/placement.py): on the
-    # event loop's core between batches, so that each hand-over wakes nothing elsewhere;
-    # model code (initialize, execute, the threads it starts) on every allowed core.
-    home, everywhere = cores
-    placement = ThreadPlacement(home, frozenset(everywhere))
+    # Not placed on the loop's home core between batches, as an instance thread is: that
+    # rule exists because a thread shares the loop's GIL, which a process does not. A
+    # process parked there stays there when execute widens it (a running thread is not
+    # migrated at once), so two instances of one model ran on one core (0.97x of one).
+    _, everywhere = cores
+    placement = ThreadPlacement(None, frozenset(everywhere))
     install_placement(placement)
     placement.release()
     backend = _load(link, info, config)
