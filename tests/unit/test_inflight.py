@@ -49,3 +49,16 @@ def test_members_keep_the_order_they_were_added_in_and_adding_twice_keeps_one() 
     members.discard("a")
     members.add("a")
     assert list(members) == ["b", "c", "a"]
+
+
+def test_left_after_returns_what_did_not_finish_in_time_and_nothing_once_empty() -> None:
+    async def main() -> None:
+        members = InFlight[str]()
+        members.add("stuck")
+        members.add("quick")
+        asyncio.get_running_loop().call_later(0.01, members.discard, "quick")
+        assert await members.left_after(0.2) == ["stuck"]
+        members.discard("stuck")
+        assert await members.left_after(5) == []
+
+    asyncio.run(main())

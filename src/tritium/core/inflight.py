@@ -52,3 +52,12 @@ class InFlight(Generic[T]):
             if self._empty is None or self._empty.is_set():
                 self._empty = asyncio.Event()
             await self._empty.wait()
+
+    async def left_after(self, timeout_s: float) -> list[T]:
+        """Wait up to ``timeout_s`` for the set to empty; the members still in it then."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.wait_empty()
+        except TimeoutError:
+            pass
+        return list(self._members)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -180,12 +179,7 @@ class EnsembleModel:
         """Stop admitting, give admitted requests ``timeout_s`` to finish, then cancel the
         rest with reason UNLOADED. Returns how many were cancelled."""
         self.accepting = False
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._admitted.wait_empty()
-        except TimeoutError:
-            pass
-        leftover = list(self._admitted)
+        leftover = await self._admitted.left_after(timeout_s)
         for request in leftover:
             log.warning("ensemble request %s for '%s' did not finish within %.1f s of the "
                         "unload; cancelling it", request.describe(), self.name, timeout_s)

@@ -124,12 +124,7 @@ class LoadedModel:
         """Stop admitting, give admitted requests ``timeout_s`` to finish, then cancel the
         rest with reason UNLOADED (their clients get that error). Returns how many."""
         self.scheduler.stop_accepting()
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._admitted.wait_empty()
-        except TimeoutError:
-            pass
-        leftover = list(self._admitted)
+        leftover = await self._admitted.left_after(timeout_s)
         for request in leftover:
             # Logged here because a decoupled model that never sends FINAL would
             # otherwise hold its client forever without a trace.
