@@ -197,28 +197,34 @@ class ModelInstance:
             log.exception("finalize() of instance %s failed", self.name)
 
     def _report(self, future: asyncio.Future[None], exc: BaseException | None) -> None:
-        def settle() -> None:
-            if future.done():
-                return
-            if exc is None:
-                future.set_result(None)
-            else:
-                future.set_exception(exc)
-
         if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(settle)
+            self._loop.call_soon_threadsafe(settle, future, exc)
+
+
+def settle(future: asyncio.Future[None], outcome: BaseException | None) -> None:
+    """Loop only: resolve ``future`` with ``outcome`` (None: success) unless it is done."""
+    if future.done():
+        return
+    if outcome is None:
+        future.set_result(None)
+    else:
+        future.set_exception(outcome)
 
 
 def _end_unstarted(requests: list[AdmittedRequest]) -> None:
-    """Loop only: end the streams of requests cancelled before their execute began.
+    for request in requests:
+        end_unstarted(request)
+
+
+def end_unstarted(request: AdmittedRequest) -> None:
+    """Loop only: end the stream of a request cancelled before its execute began.
 
     A client's request was ended by its cancellation already; a model's own (BLS) request
     that was executing is left to the model, so one that never reached it ends here.
     """
-    for request in requests:
-        reason = request.cancellation.reason
-        if reason is not None:
-            request.stream.close_with(InferenceResponse.failure(reason.to_error()))
+    reason = request.cancellation.reason
+    if reason is not None:
+        request.stream.close_with(InferenceResponse.failure(reason.to_error()))
 
 
 def _fail_batch(batch: list[AdmittedRequest], model: str, exc: BaseException) -> None:

@@ -33,6 +33,7 @@ from tritium.core.response import (
 )
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo
+from tritium.execution.instance import end_unstarted, settle
 from tritium.execution.process import channel as ch
 from tritium.execution.process.channel import CallContext, Frame, ParentChannel
 from tritium.execution.process.flags import FlagTable
@@ -141,7 +142,7 @@ class ProcessInstance:
         live: list[AdmittedRequest] = []
         for request in batch:
             if request.cancellation.is_cancelled():
-                _end_unstarted(request)
+                end_unstarted(request)
             elif len(self._pending) + len(live) >= self._flags.slots:
                 self._fail([request], TritiumError(ErrorCode.UNAVAILABLE, (
                     f"instance {self.name} holds {self._flags.slots} requests already")))
@@ -214,9 +215,9 @@ class ProcessInstance:
                 entry[0].cancellation.cancel(CancelReason.CLIENT_CANCELLED)
         elif kind == ch.READY:
             self.decoupled, self.is_async = frame[1], frame[2]
-            _settle(self._ready, None)
+            settle(self._ready, None)
         elif kind == ch.INIT_FAILED:
-            _settle(self._ready, TritiumError(ErrorCode[frame[1]], frame[2]))
+            settle(self._ready, TritiumError(ErrorCode[frame[1]], frame[2]))
 
     def _deliver(self, slot: int, packed: tuple[Any, ...]) -> None:
         pending = self._pending.get(slot)
@@ -318,7 +319,7 @@ class ProcessInstance:
         if self._channel is not None:
             self._channel.close()
         self._flags.close()
-        _settle(self._ready, TritiumError(
+        settle(self._ready, TritiumError(
             ErrorCode.INTERNAL, f"instance process of '{self.name}' exited ({code}) "
             "before the model was initialized"))
         if not self._exited.done():
@@ -349,19 +350,3 @@ class ProcessInstance:
             if not stream.closed:
                 with contextlib.suppress(StreamClosedError):
                     stream.send_nowait(InferenceResponse.failure(error))
-
-
-def _end_unstarted(request: AdmittedRequest) -> None:
-    """A request cancelled before it reached the model: its client gets the reason."""
-    reason = request.cancellation.reason
-    if reason is not None:
-        request.stream.close_with(InferenceResponse.failure(reason.to_error()))
-
-
-def _settle(future: asyncio.Future[None], outcome: BaseException | None) -> None:
-    if future.done():
-        return
-    if outcome is None:
-        future.set_result(None)
-    else:
-        future.set_exception(outcome)
