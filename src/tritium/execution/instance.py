@@ -139,13 +139,7 @@ class ModelInstance:
 
     def _serve_async(self, model_loop: asyncio.AbstractEventLoop) -> None:
         asyncio.set_event_loop(model_loop)
-        try:
-            model_loop.run_forever()
-            pending = asyncio.all_tasks(model_loop)
-            if pending:
-                model_loop.run_until_complete(asyncio.wait(pending, timeout=5))
-        finally:
-            model_loop.close()
+        run_model_loop(model_loop)
 
     def _live(self, batch: list[AdmittedRequest]) -> list[AdmittedRequest]:
         """The requests of ``batch`` not cancelled yet; the others are answered."""
@@ -199,6 +193,18 @@ class ModelInstance:
     def _report(self, future: asyncio.Future[None], exc: BaseException | None) -> None:
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(settle, future, exc)
+
+
+def run_model_loop(model_loop: asyncio.AbstractEventLoop) -> None:
+    """Run an ``async def execute`` model's own loop until stopped, give the tasks still
+    running (decoupled coroutines) a few seconds to end, and close it."""
+    try:
+        model_loop.run_forever()
+        pending = asyncio.all_tasks(model_loop)
+        if pending:
+            model_loop.run_until_complete(asyncio.wait(pending, timeout=5))
+    finally:
+        model_loop.close()
 
 
 def settle(future: asyncio.Future[None], outcome: BaseException | None) -> None:

@@ -25,6 +25,7 @@ from tritium.core.request import RELEASE_ALL, InferenceRequest, RequestedOutput
 from tritium.core.response import InferenceResponse, StreamClosedError
 from tritium.core.types import Tensor
 from tritium.execution.backend import InstanceInfo
+from tritium.execution.instance import run_model_loop
 from tritium.execution.placement import ThreadPlacement
 from tritium.execution.placement import current as current_placement
 from tritium.execution.placement import install as install_placement
@@ -181,13 +182,7 @@ class InstanceServer:
         self._link.on_frame = on_frame
         reader = _thread(self._link.serve_forever, "tritium-link-reader")
         reader.start()
-        try:
-            loop.run_forever()
-            pending = asyncio.all_tasks(loop)
-            if pending:
-                loop.run_until_complete(asyncio.wait(pending, timeout=5))
-        finally:
-            loop.close()
+        run_model_loop(loop)
 
     def _on_async(self, frame: Frame) -> None:
         kind = frame[0]
