@@ -37,9 +37,10 @@ class Step:
         self.served_by = ServedBy(name, 1, False, {})
         self.requests: list[AdmittedRequest] = []
         self.cancelled: list[AdmittedRequest] = []
+        self.ready = True
 
     def is_ready(self) -> bool:
-        return True
+        return self.ready
 
     def enqueue(self, request: AdmittedRequest) -> None:
         request.move_to(RequestStage.QUEUED)
@@ -282,3 +283,20 @@ def test_max_inflight_requests_holds_a_step_back_until_one_finishes() -> None:
         await turn()
         assert len(a.requests) == 2
     run(body)
+
+
+def test_an_ensemble_is_ready_only_while_every_composing_model_is() -> None:
+    """A composing model that is not ready (an instance process restarting) makes the
+    ensemble not ready: a request to it now would wait or fail in that step."""
+    async def body(loop: asyncio.AbstractEventLoop) -> None:
+        a, b = Step("a"), Step("b")
+        handle = ensemble(serve(Repository(a, b), loop), "e", CHAIN)
+        assert handle.is_ready()
+        b.ready = False
+        assert not handle.is_ready()
+        b.ready = True
+        await handle.stop()
+        assert not handle.is_ready()
+
+    run(body)
+

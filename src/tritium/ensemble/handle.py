@@ -92,7 +92,14 @@ class EnsembleModel:
 
     # -- ModelHandle -------------------------------------------------------------
     def is_ready(self) -> bool:
-        return self.accepting
+        """Ready while accepting and every composing model is (one whose instance process is
+        restarting is not): a request now would wait or fail in that step."""
+        if not self.accepting:
+            return False
+        model_ready = self.service.model_ready
+        return all(model_ready(step.model_name,
+                               None if step.model_version < 0 else step.model_version)
+                   for step in self.plan.steps)
 
     def enqueue(self, request: AdmittedRequest) -> None:
         if not self.accepting:
