@@ -53,6 +53,26 @@ class ModelStatistics:
     # text generation (OpenAI API) requests, tokens and latencies; frontends record them
     generation: GenerationStatistics = field(default_factory=GenerationStatistics)
 
+    def record_execution(self, batch_size: int, requests: int, compute_ns: int) -> None:
+        """One execute() call over ``requests`` requests holding ``batch_size`` batch
+        elements, its compute taking ``compute_ns``. Input and output handling happen inside
+        execute(), so they count (clients such as perf_analyzer expect equal counts) as 0 ns.
+        """
+        # Once per execute() on the event loop: the Duration updates are written out here
+        # rather than as five ``Duration.add`` calls.
+        self.execution_count += 1
+        self.compute_input.count += 1
+        infer = self.compute_infer
+        infer.count += 1
+        infer.ns += compute_ns
+        self.compute_output.count += 1
+        timing = self.batches.get(batch_size)
+        if timing is None:
+            timing = self.batches[batch_size] = Duration()
+        timing.count += 1
+        timing.ns += compute_ns
+        self.batch_requests[requests] += 1
+
     def record_cancel_stop(self, delay_ns: int) -> None:
         self.cancel_stop.add(delay_ns)
         delay_ms = delay_ns / 1e6

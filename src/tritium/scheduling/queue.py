@@ -31,7 +31,12 @@ class RequestQueue:
         # Index 0 is the highest priority (Triton's level 1).
         self._levels = [_Level() for _ in range(max(priority_levels, 1))]
         self._default_level = max(default_priority - 1, 0) if priority_levels else 0
-        self._size = 0
+        # The one level when there are no priorities (the usual case): every request goes
+        # there, so ``push`` needs no ``level_of``.
+        self._only = self._levels[0] if len(self._levels) == 1 else None
+        # Live requests queued (what ``len`` returns); read-only outside this class, an
+        # attribute so that the scheduler's dispatch loop reads it without a call.
+        self.size = 0
         # Requests that were moved to a delayed lane; their copy in the ready lane is
         # stale. Invariant: that stale copy leaves the ready lane before the delayed copy
         # is reached, because a level's delayed lane is only read once its ready lane is
@@ -39,7 +44,7 @@ class RequestQueue:
         self._moved: set[AdmittedRequest] = set()
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def level_of(self, request: AdmittedRequest) -> int:
         priority = request.request.priority
@@ -53,10 +58,12 @@ class RequestQueue:
 
     def push(self, request: AdmittedRequest) -> None:
         request.move_to(_QUEUED)
-        level = self._levels[self.level_of(request)]
+        level = self._only
+        if level is None:
+            level = self._levels[self.level_of(request)]
         level.ready.append(request)
         level.size += 1
-        self._size += 1
+        self.size += 1
 
     def discard(self, request: AdmittedRequest) -> bool:
         """Forget a queued request; returns False if it was not queued."""
@@ -64,7 +71,7 @@ class RequestQueue:
             return False
         request.move_to(RequestStage.DONE)
         self._levels[self.level_of(request)].size -= 1
-        self._size -= 1
+        self.size -= 1
         return True
 
     def delay(self, request: AdmittedRequest) -> bool:
@@ -84,6 +91,16 @@ class RequestQueue:
 
     def pop(self) -> AdmittedRequest | None:
         for level in self._levels:
+            ready = level.ready
+            if ready:
+                # The usual case, without a call to ``_front``: the head of the ready lane
+                # is live.
+                head = ready[0]
+                if head.stage is _QUEUED and not (self._moved and head in self._moved):
+                    ready.popleft()
+                    level.size -= 1
+                    self.size -= 1
+                    return head
             request = self._front(level)
             if request is not None:
                 lane = level.ready if level.ready else level.delayed
@@ -91,7 +108,7 @@ class RequestQueue:
                 if lane is level.delayed:
                     self._moved.discard(request)
                 level.size -= 1
-                self._size -= 1
+                self.size -= 1
                 return request
         return None
 

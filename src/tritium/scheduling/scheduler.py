@@ -16,7 +16,7 @@ from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest, RequestStage
 from tritium.core.response import ResponseStream, wake_all
-from tritium.core.statistics import Duration, ModelStatistics
+from tritium.core.statistics import ModelStatistics
 from tritium.scheduling.batcher import Batcher
 from tritium.scheduling.clock import Alarm, Clock, LoopClock
 from tritium.scheduling.deadlines import Deadlines
@@ -27,6 +27,9 @@ from tritium.scheduling.queue import RequestQueue
 __all__ = ["Instance", "ModelScheduler", "QueuePolicy", "SchedulerPolicy", "TimeoutAction"]
 
 log = logging.getLogger("tritium.scheduler")
+
+_EXECUTING = RequestStage.EXECUTING
+_DONE = RequestStage.DONE
 
 
 class Instance(Protocol):
@@ -71,27 +74,20 @@ class ModelScheduler:
             self._ordered.finished(batch, woken or [])
         elif woken:
             wake_all(woken)
-        size = 0
         stats = self.stats
-        now = self._clock.now_ns()
+        size = 0
         for request in batch:
             size += request.batch_size
-            # A decoupled request goes on after execute() returns, until its FINAL.
-            if request.stage is RequestStage.EXECUTING and not self.decoupled:
-                request.move_to(RequestStage.DONE)
+            if self.decoupled:
+                continue  # a decoupled request goes on after execute() returns, until FINAL
+            if request.stage is _EXECUTING:
+                request.move_to(_DONE)
             cancelled_at = request.cancellation.cancelled_at_ns
-            if cancelled_at and not self.decoupled:
-                stats.record_cancel_stop(now - cancelled_at)
+            if cancelled_at:
+                stats.record_cancel_stop(self._clock.now_ns() - cancelled_at)
         stats.executing -= len(batch)
         if exec_ns >= 0:
-            stats.execution_count += 1
-            # Input and output handling happen inside the model's execute() here, so they
-            # are counted (clients such as perf_analyzer expect equal counts) as 0 ns.
-            stats.compute_input.add(0)
-            stats.compute_infer.add(exec_ns)
-            stats.compute_output.add(0)
-            stats.batches.setdefault(size, Duration()).add(exec_ns)
-            stats.batch_requests[len(batch)] += 1
+            stats.record_execution(size, len(batch), exec_ns)
         self._idle.append(instance)
         self._dispatch()
 
@@ -124,10 +120,10 @@ class ModelScheduler:
     def request_finished(self, request: AdmittedRequest, error: TritiumError | None) -> None:
         """Count the outcome once the request's final response was sent."""
         stats = self.stats
-        if request.stage is not RequestStage.DONE:
-            request.move_to(RequestStage.DONE)
+        if request.stage is not _DONE:
+            request.move_to(_DONE)
         elapsed = self._clock.now_ns() - request.arrival_ns
-        if request.cancellation.is_cancelled():
+        if request.cancellation.reason is not None:
             if self._rejected and request in self._rejected:
                 self._rejected.discard(request)
                 stats.failures["REJECTED"] += 1
@@ -138,7 +134,9 @@ class ModelScheduler:
             stats.failures["BACKEND"] += 1
             stats.fail.add(elapsed)
         else:
-            stats.success.add(elapsed)
+            success = stats.success  # once per request: Duration.add written out
+            success.count += 1
+            success.ns += elapsed
             stats.inference_count += request.batch_size
             stats.last_inference_ms = time.time_ns() // 1_000_000
 
@@ -188,7 +186,7 @@ class ModelScheduler:
     # -- dispatch ----------------------------------------------------------------
     def _dispatch(self) -> None:
         queue = self._queue
-        while self._idle and len(queue):
+        while self._idle and queue.size:
             batch = self._next_batch() if self._batcher is None else self._next_dynamic()
             if not batch:
                 return
@@ -197,9 +195,11 @@ class ModelScheduler:
     def _start(self, batch: list[AdmittedRequest], instance: Instance) -> None:
         stats = self.stats
         now = self._clock.now_ns()
+        queued = stats.queue  # Duration.add written out: it runs for every request
         for request in batch:
-            request.move_to(RequestStage.EXECUTING)
-            stats.queue.add(now - request.arrival_ns)
+            request.move_to(_EXECUTING)
+            queued.ns += now - request.arrival_ns
+        queued.count += len(batch)
         stats.pending -= len(batch)
         stats.executing += len(batch)
         if self._ordered is not None:
