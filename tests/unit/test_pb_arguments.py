@@ -92,6 +92,31 @@ def test_response_arguments() -> None:
             pb_utils.InferenceResponse(**arguments)
 
 
+def test_response_outputs_of_any_sequence_or_tensor_subclass_are_copied_into_a_list() -> None:
+    """A list of exactly Tensors is checked by type alone; a tuple, or a Tensor subclass,
+    takes the full check and converts the same way."""
+
+    class Named(pb_utils.Tensor):
+        __slots__ = ()
+
+    tensor, subclassed = pb_utils.Tensor("X", DATA), Named("Y", DATA)
+    given = [tensor]
+    response = pb_utils.InferenceResponse(given)
+    given.append(tensor)
+    assert response.output_tensors() == [tensor]
+    pair = pb_utils.InferenceResponse((tensor, subclassed))  # type: ignore[arg-type]
+    assert pair.output_tensors() == [tensor, subclassed]
+    assert pb_utils.InferenceResponse([subclassed]).output_tensors() == [subclassed]
+
+
+def test_a_tensor_name_of_a_str_subclass_is_kept_as_a_str() -> None:
+    class Text(str):
+        pass
+
+    name = pb_utils.Tensor(Text("X"), DATA).name()
+    assert (name, type(name)) == ("X", str)
+
+
 def test_logger_arguments(caplog: pytest.LogCaptureFixture) -> None:
     """Logger.log(message: std::string, level: LogLevel): a plain int is no pybind11 enum
     value, and a message must be text."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from tritium.backends.python.text import as_text
 
@@ -30,6 +30,8 @@ def incompatible(call: str, name: str, expected: str, value: object) -> TypeErro
 
 def text(call: str, name: str, value: object) -> str:
     """A ``std::string`` argument: str, or bytes holding UTF-8."""
+    if type(value) is str:
+        return value
     if not isinstance(value, str | bytes | bytearray):
         raise incompatible(call, name, "str", value)
     return str(as_text(value))
@@ -37,7 +39,7 @@ def text(call: str, name: str, value: object) -> str:
 
 def text_list(call: str, name: str, values: object) -> list[str]:
     """A ``std::vector<std::string>`` argument."""
-    if isinstance(values, str | bytes | bytearray) or not isinstance(values, Sequence):
+    if not _is_sequence(values):
         raise incompatible(call, name, "a list of str", values)
     return [text(call, name, value) for value in values]
 
@@ -55,12 +57,23 @@ def integer(call: str, name: str, value: object, bounds: tuple[int, int]) -> int
 
 def instances(call: str, name: str, values: object, kind: type[T]) -> list[T]:
     """A ``std::vector<std::shared_ptr<kind>>`` argument."""
-    if isinstance(values, str | bytes | bytearray) or not isinstance(values, Sequence):
+    if not _is_sequence(values):
         raise incompatible(call, name, f"a list of {kind.__name__}", values)
-    for value in values:
-        if not isinstance(value, kind):
-            raise incompatible(call, name, f"a list of {kind.__name__}", value)
+    # Exact types are tested in C first (this runs for every response); a subclass
+    # of ``kind`` takes the loop.
+    if not {kind}.issuperset(map(type, values)):
+        for value in values:
+            if not isinstance(value, kind):
+                raise incompatible(call, name, f"a list of {kind.__name__}", value)
     return list(values)
+
+
+def _is_sequence(values: object) -> TypeGuard[Sequence[Any]]:
+    """What pybind11 converts to a ``std::vector``: a sequence, but no str or bytes."""
+    # list and tuple first: the isinstance against the Sequence ABC runs Python code.
+    if type(values) is list or type(values) is tuple:
+        return True
+    return not isinstance(values, str | bytes | bytearray) and isinstance(values, Sequence)
 
 
 def optional_instance(call: str, name: str, value: Any, kind: type[T]) -> T | None:

@@ -38,6 +38,10 @@ _CODE_TO_NUMPY: dict[int, Any] = {
 }
 _CPU_DEVICE = (1, 0)  # kDLCPU, device 0
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# The numpy dtypes that map straight to a Triton type (not BYTES, not BF16).
+_NUMERIC: dict[np.dtype, DataType] = {
+    t.numpy: t for t in DataType if t not in (DataType.BYTES, DataType.BF16)
+}
 
 
 class Tensor:
@@ -46,25 +50,19 @@ class Tensor:
     __slots__ = ("_core",)
 
     def __init__(self, name: str | bytes, data: Any) -> None:
-        text = arguments.text("Tensor.__init__()", "name", name)
+        # Made for every output of every request: a str name and a numeric array are
+        # recognised by exact type and dict tests; anything else takes the full checks.
+        text = name if type(name) is str else arguments.text("Tensor.__init__()", "name", name)
         if not text:
             raise TritonModelException(messages.PB_EMPTY_TENSOR_NAME)
         array = data if isinstance(data, np.ndarray) else _as_array(data)
-        if array.dtype == _BFLOAT16:
-            # Kept as the raw 16-bit patterns, as the core stores BF16.
-            array = np.ascontiguousarray(array).view(np.uint16)
-            self._core = CoreTensor(text, DataType.BF16, tuple(array.shape), array)
-            return
-        datatype = DataType.from_numpy(array.dtype)
+        datatype = _NUMERIC.get(array.dtype)
         if datatype is None:
-            raise TritonModelException(
-                f"tensor '{text}': numpy dtype '{array.dtype}' has no Triton data type"
-            )
-        if datatype is DataType.BYTES:
-            array = _as_bytes_array(array)
-        elif not array.flags.c_contiguous:
+            self._core = _other_dtype_core(text, array)
+            return
+        if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        self._core = CoreTensor(text, datatype, tuple(array.shape), array)
+        self._core = CoreTensor(text, datatype, array.shape, array)
 
     @classmethod
     def _wrap(cls, core: CoreTensor) -> Tensor:
@@ -76,10 +74,11 @@ class Tensor:
         return self._core.name
 
     def as_numpy(self) -> np.ndarray:
-        data = self._core.data
+        core = self._core
+        data = core.data
         if not data.flags.writeable:
             data = self._own_copy()
-        if self._core.datatype is DataType.BF16:
+        if core.datatype is DataType.BF16:
             # Triton refuses here; ml_dtypes gives numpy a bfloat16, so tritium can answer.
             return data.view(_BFLOAT16)
         return data
@@ -142,6 +141,24 @@ class _Capsule:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return _CPU_DEVICE
+
+
+def _other_dtype_core(name: str, array: np.ndarray) -> CoreTensor:
+    """The core tensor of an array whose dtype is not one of ``_NUMERIC``'s."""
+    if array.dtype == _BFLOAT16:
+        # Kept as the raw 16-bit patterns, as the core stores BF16.
+        array = np.ascontiguousarray(array).view(np.uint16)
+        return CoreTensor(name, DataType.BF16, array.shape, array)
+    datatype = DataType.from_numpy(array.dtype)
+    if datatype is None:
+        raise TritonModelException(
+            f"tensor '{name}': numpy dtype '{array.dtype}' has no Triton data type"
+        )
+    if datatype is DataType.BYTES:
+        array = _as_bytes_array(array)
+    elif not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return CoreTensor(name, datatype, array.shape, array)
 
 
 def _as_array(data: Any) -> np.ndarray:

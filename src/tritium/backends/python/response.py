@@ -14,6 +14,7 @@ from tritium.core.response import InferenceResponse as CoreResponse
 
 # Stands for "output_tensors not given", which Triton's binding defaults to an empty list.
 _NO_OUTPUTS: Any = object()
+_ONLY_TENSORS = frozenset({Tensor})
 
 
 class InferenceResponse:
@@ -27,12 +28,15 @@ class InferenceResponse:
         error: TritonError | None = None,
         parameters: dict[str, Any] | None = None,
     ) -> None:
-        call = "InferenceResponse.__init__()"
-        # Triton's default is an empty list; None converts to no std::vector (TypeError).
-        outputs = [] if output_tensors is _NO_OUTPUTS else output_tensors
-        self._outputs = arguments.instances(call, "output_tensors", outputs, Tensor)
-        self._error = arguments.optional_instance(call, "error", error, TritonError)
-        self._parameters = check_parameters(parameters)
+        # Made once per response: the usual arguments (a list of exactly Tensors, no error,
+        # no parameters) are recognised by exact type tests, in C; others get the full checks.
+        if type(output_tensors) is list and _ONLY_TENSORS.issuperset(map(type, output_tensors)):
+            self._outputs = output_tensors.copy()
+        else:
+            self._outputs = _checked_outputs(output_tensors)
+        self._error = None if error is None else arguments.optional_instance(
+            "InferenceResponse.__init__()", "error", error, TritonError)
+        self._parameters = {} if parameters is None else check_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -50,6 +54,12 @@ class InferenceResponse:
         if self._error is not None:
             return f"InferenceResponse(error={self._error!r})"
         return f"InferenceResponse({self._outputs!r})"
+
+
+def _checked_outputs(output_tensors: Any) -> list[Tensor]:
+    # Triton's default is an empty list; None converts to no std::vector (TypeError).
+    outputs = [] if output_tensors is _NO_OUTPUTS else output_tensors
+    return arguments.instances("InferenceResponse.__init__()", "output_tensors", outputs, Tensor)
 
 
 def check_parameters(parameters: Any) -> dict[str, Any]:
