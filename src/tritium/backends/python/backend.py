@@ -64,7 +64,8 @@ class PythonBackend:
             return None
         finally:
             scope.leave(token)
-        if inspect.iscoroutine(result):
+        # A list, the usual return, is told apart without inspect's Python-level call.
+        if type(result) is not list and inspect.iscoroutine(result):
             return self._complete_async(requests, received, result)
         self._deliver(received, result)
         return None
@@ -123,17 +124,17 @@ class PythonBackend:
             self._finish(request, response)
 
     def _finish(self, request: ReceivedRequest, response: InferenceResponse | None) -> None:
-        if request.rescheduled():
-            # Its response comes from a later execute, once the scheduler runs it again.
-            if not request.may_reschedule():
-                self._refuse_reschedule(request)
-            return
-        if response is not None:
+        if response is not None:  # not rescheduled: _returned_problem refuses that
             try:
                 request.finish(response)
             except (TritonModelException, TritiumError) as exc:
                 # Only a model thread racing this one on the same sender gets here.
                 log.error("model '%s': response not sent: %s", self.model_name, exc)
+            return
+        if request.rescheduled():
+            # Its response comes from a later execute, once the scheduler runs it again.
+            if not request.may_reschedule():
+                self._refuse_reschedule(request)
             return
         sender = request.get_response_sender()
         if sender.responses_sent > 0:

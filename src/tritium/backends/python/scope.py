@@ -20,7 +20,9 @@ class Phase(enum.Enum):
     FINALIZE = "finalize"
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: one is made per execute, and a frozen dataclass's __init__ sets each field
+# through object.__setattr__ (about twice the bytecodes). Nothing changes one once made.
+@dataclass(slots=True)
 class ExecutionScope:
     """Set around a model's execute: a ContextVar follows both its thread and its asyncio
     tasks, so a BLS call made from there finds its parents without being told."""
