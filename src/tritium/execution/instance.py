@@ -131,11 +131,7 @@ class ModelInstance:
             elapsed = time.monotonic_ns() - started
             # Home before waking the loop, so the wake-up stays on one core.
             self._placement.narrow()
-        self._loop.call_soon_threadsafe(self._finish, batch, elapsed, woken)
-
-    def _finish(self, batch: list[AdmittedRequest], elapsed: int,
-                woken: list[ResponseStream]) -> None:
-        self._on_done(self, batch, elapsed, woken)
+        self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed, woken)
 
     def _serve_async(self, model_loop: asyncio.AbstractEventLoop) -> None:
         asyncio.set_event_loop(model_loop)
@@ -146,7 +142,8 @@ class ModelInstance:
         live: list[AdmittedRequest] = []
         dropped: list[AdmittedRequest] = []
         for request in batch:
-            (dropped if request.cancellation.is_cancelled() else live).append(request)
+            # The reason is read, not is_cancelled() called: this runs for every request.
+            (live if request.cancellation.reason is None else dropped).append(request)
         if dropped:
             self._loop.call_soon_threadsafe(_end_unstarted, dropped)
         return live
