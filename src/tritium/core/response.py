@@ -51,7 +51,12 @@ class InferenceResponse:
         return cls(error=error, final=final)
 
 
-_thread_state = threading.local()
+class _ThreadState(threading.local):
+    # A class default: read per response, a plain attribute costs less than getattr.
+    deferred: list[ResponseStream] | None = None  # set by DeferredWakes
+
+
+_thread_state = _ThreadState()
 
 
 class DeferredWakes:
@@ -73,7 +78,7 @@ class ImmediateWakes:
     (a token of a stream, say) must reach its client now, not when ``execute`` returns."""
 
     def __enter__(self) -> None:
-        self._saved = getattr(_thread_state, "deferred", None)
+        self._saved = _thread_state.deferred
         _thread_state.deferred = None
 
     def __exit__(self, *exc: object) -> None:
@@ -165,7 +170,7 @@ class ResponseStream:
             self._wake_pending = True
             # Deferred first: the loop defers too while it delivers what an instance
             # process returned, so that on_done decides when those wake (preserve_ordering).
-            deferred = getattr(_thread_state, "deferred", None)
+            deferred = _thread_state.deferred
             if deferred is not None:
                 deferred.append(self)
             elif self._on_loop():
