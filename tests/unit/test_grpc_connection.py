@@ -19,7 +19,7 @@ from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.inflight import InFlight
 from tritium.frontends.grpc.call import Call, GrpcLimits, Rpc
 from tritium.frontends.grpc.connection import GrpcConnection
-from tritium.frontends.grpc.frames import FrameReader
+from tritium.frontends.grpc.frames import FrameCollector
 from tritium.frontends.grpc.http2 import (
     END_HEADERS,
     END_STREAM,
@@ -485,7 +485,8 @@ def test_go_away_refuses_new_streams_and_keeps_the_old() -> None:
                                         ("content-type", "application/grpc")])
         before = len(peer.output.writes)
         peer.conn.receive(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, 3, block))
-        sent = FrameReader(1 << 20, 1 << 16).feed(PREFACE + b"".join(peer.output.writes[before:]))
+        sent = FrameCollector(1 << 20, 1 << 16).frames(
+            PREFACE + b"".join(peer.output.writes[before:]))
         assert [(f.kind, f.stream_id, bytes(f.payload)) for f in sent] == \
             [(FrameType.RST_STREAM, 3, int(H2Error.REFUSED_STREAM).to_bytes(4, "big"))]
         assert list(peer.conn.calls) == [stream_id]
@@ -702,8 +703,8 @@ def test_go_away_lets_calls_finish_then_closes() -> None:
         peer.conn.receive(frame(FrameType.DATA, END_STREAM, stream_id))
         await finished(call)
         assert peer.output.closed
-        reader = FrameReader(1 << 20, 1 << 16)
-        sent = reader.feed(PREFACE + b"".join(peer.output.writes[writes:]))
+        reader = FrameCollector(1 << 20, 1 << 16)
+        sent = reader.frames(PREFACE + b"".join(peer.output.writes[writes:]))
         assert [(f.kind, f.stream_id, f.flags & END_STREAM) for f in sent] == \
             [(FrameType.HEADERS, stream_id, END_STREAM)]
         assert call.cancellation.reason is None
@@ -727,3 +728,4 @@ def test_frames_of_unknown_types_are_ignored_and_calls_go_on() -> None:
         peer.collect()
         assert peer.ended(stream_id).status == GrpcStatus.OK
     run(body())
+

@@ -28,7 +28,7 @@ from tritium.frontends.grpc.call_state import (
 )
 from tritium.frontends.grpc.control import Control
 from tritium.frontends.grpc.flood import FloodGuard
-from tritium.frontends.grpc.frames import Frame, FrameReader, NotHttp2, http1_refusal
+from tritium.frontends.grpc.frames import FrameReader, NotHttp2, http1_refusal
 from tritium.frontends.grpc.headers import HeaderDecoder
 from tritium.frontends.grpc.http2 import (
     END_STREAM,
@@ -73,7 +73,6 @@ class GrpcConnection:
         self.now: Callable[[], float] = self._loop.time
         now = self._loop.time()
         self.opened_at = self.idle_since = now
-        self._reader = FrameReader(limits.max_frame_bytes, limits.max_header_list_bytes)
         self._headers = HeaderDecoder(limits.max_header_list_bytes)
         self.calls: dict[int, Call] = {}
         self._last_stream = 0
@@ -87,39 +86,24 @@ class GrpcConnection:
         self._close_after_flush = False  # a drain is over: close once the last bytes are out
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
-        by_type: dict[int, Callable[[Frame], None]] = {
+        control = self.control
+        self._reader = FrameReader(limits.max_frame_bytes, limits.max_header_list_bytes, {
             FrameType.DATA: self.inbound.on_data,
             FrameType.HEADERS: self._on_headers,
-            FrameType.PRIORITY: self.control.on_priority,
+            FrameType.PRIORITY: control.on_priority,
             FrameType.RST_STREAM: self._on_rst_stream,
-            FrameType.SETTINGS: self.control.on_settings,
-            FrameType.PUSH_PROMISE: self.control.on_push_promise,
-            FrameType.PING: self.control.on_ping,
-            FrameType.GOAWAY: self.control.on_goaway,
-            FrameType.WINDOW_UPDATE: self.control.on_window_update,
-        }
-        # Indexed by frame type (an index costs no call, per frame): None for CONTINUATION,
-        # which the reader never hands on, and for types past the table's end.
-        self._handlers: list[Callable[[Frame], None] | None] = [
-            by_type.get(kind) for kind in range(max(by_type) + 1)]
+            FrameType.SETTINGS: control.on_settings,
+            FrameType.PUSH_PROMISE: control.on_push_promise,
+            FrameType.PING: control.on_ping,
+            FrameType.GOAWAY: control.on_goaway,
+            FrameType.WINDOW_UPDATE: control.on_window_update,
+        }, on_preface=control.open)
 
     # -- bytes in --------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
         self.reading = True
         try:
-            preface_seen = self._reader.preface_seen
-            frames = self._reader.feed(data)
-            if not preface_seen and self._reader.preface_seen:
-                self.control.open()
-            handlers = self._handlers
-            known = len(handlers)
-            for found in frames:
-                # Unknown frame types are ignored (RFC 9113 §4.1).
-                handler = handlers[found.kind] if found.kind < known else None
-                if handler is not None:
-                    handler(found)
-                if self.closed:
-                    return
+            self._reader.feed(data)  # each frame to its handler; none after a close
         except NotHttp2 as exc:
             self._reject_non_http2(exc.start)
             return
@@ -156,8 +140,7 @@ class GrpcConnection:
             self._output.write(out)
         self.outbox.out = []
         if self._close_after_flush and not self.closed:
-            self.closed = True
-            self._output.close()
+            self._close()
 
     def flush_soon(self) -> None:
         """Write now unless a read is being handled (that one flushes when it is done)."""
@@ -252,11 +235,10 @@ class GrpcConnection:
                 call.wake()
 
     # -- inbound frames ------------------------------------------------------------------
-    def _on_headers(self, found: Frame) -> None:
-        stream_id = found.stream_id
-        headers = self._headers.decode(bytes(found.payload))
+    def _on_headers(self, flags: int, stream_id: int, block: memoryview) -> None:
+        headers = self._headers.decode(bytes(block))
         call = self.calls.get(stream_id)
-        ended = bool(found.flags & END_STREAM)
+        ended = bool(flags & END_STREAM)
         if call is not None:  # trailers from the client: only their END_STREAM matters
             if ended:
                 self.remote_closed(call)
@@ -311,9 +293,8 @@ class GrpcConnection:
         if ended:
             self.remote_closed(call)
 
-    def _on_rst_stream(self, found: Frame) -> None:
-        stream_id = found.stream_id
-        if len(found.payload) != 4:
+    def _on_rst_stream(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if len(payload) != 4:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "RST_STREAM is not 4 bytes")
         if stream_id == 0 or stream_id > self._last_stream:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
@@ -398,12 +379,15 @@ class GrpcConnection:
         log.info("closing a gRPC connection: %s", message)
         self.outbox.out.append(goaway(self._last_stream, code, message))
         self.flush()
-        self.closed = True
-        self._output.close()
+        self._close()
 
     def _reject_non_http2(self, start: bytes) -> None:
         answer = http1_refusal(start)
         if answer:
             self._output.write([answer])
+        self._close()
+
+    def _close(self) -> None:
         self.closed = True
+        self._reader.stop()  # the frames after this one in the read are not handled
         self._output.close()

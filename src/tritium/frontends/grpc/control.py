@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tritium.frontends.grpc.frames import Frame
 from tritium.frontends.grpc.http2 import (
     ACK,
     DEFAULT_MAX_FRAME,
@@ -46,17 +45,17 @@ class Control:
         self._conn.outbox.out.append(frame(FrameType.SETTINGS, 0, 0, settings))
         self._conn.inbound.open()
 
-    def on_settings(self, found: Frame) -> None:
+    def on_settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
         conn = self._conn
-        if found.stream_id:
+        if stream_id:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "SETTINGS on a stream")
-        if found.flags & ACK:
-            if found.payload:
+        if flags & ACK:
+            if payload:
                 raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             return
         if not conn.flood.allow_settings(conn.now()):
             raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "too many SETTINGS frames")
-        grown = self._apply(parse_settings(bytes(found.payload)))
+        grown = self._apply(parse_settings(bytes(payload)))
         # In the one output buffer, the ACK precedes every frame that relies on the new
         # values: the client judges our frames by its settings as acknowledged.
         conn.outbox.out.append(frame(FrameType.SETTINGS, ACK, 0))
@@ -89,24 +88,23 @@ class Control:
                 raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "invalid ENABLE_PUSH")
         return grown
 
-    def on_ping(self, found: Frame) -> None:
+    def on_ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
         conn = self._conn
-        if found.stream_id:
+        if stream_id:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PING on a stream")
-        if len(found.payload) != 8:
+        if len(payload) != 8:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "PING payload is not 8 bytes")
-        if found.flags & ACK:
+        if flags & ACK:
             return
         if not conn.flood.allow_ping(conn.now()):
             raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "too_many_pings")
-        conn.outbox.out.append(frame(FrameType.PING, ACK, 0, found.payload))
+        conn.outbox.out.append(frame(FrameType.PING, ACK, 0, payload))
 
-    def on_window_update(self, found: Frame) -> None:
+    def on_window_update(self, flags: int, stream_id: int, payload: memoryview) -> None:
         conn = self._conn
-        if len(found.payload) != 4:
+        if len(payload) != 4:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "WINDOW_UPDATE is not 4 bytes")
-        increment = int.from_bytes(found.payload, "big") & 0x7FFFFFFF
-        stream_id = found.stream_id
+        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if stream_id == 0:
             if not increment:
                 raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "zero WINDOW_UPDATE")
@@ -133,19 +131,19 @@ class Control:
         if call.pending:
             conn.outbox.pump(call)
 
-    def on_priority(self, found: Frame) -> None:
-        if found.stream_id == 0:
+    def on_priority(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if stream_id == 0:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PRIORITY on stream 0")
-        if len(found.payload) != 5:
+        if len(payload) != 5:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "PRIORITY is not 5 bytes")
 
-    def on_goaway(self, found: Frame) -> None:
-        if found.stream_id:
+    def on_goaway(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if stream_id:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "GOAWAY on a stream")
-        if len(found.payload) < 8:
+        if len(payload) < 8:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
         # The client opens no new streams; the ones in flight finish normally.
 
-    def on_push_promise(self, found: Frame) -> None:
+    def on_push_promise(self, flags: int, stream_id: int, payload: memoryview) -> None:
         raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
 

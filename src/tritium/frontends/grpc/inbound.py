@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from tritium.frontends.grpc.call import Call
 from tritium.frontends.grpc.call_state import CLIENT_DONE, DECIDED, CallState
-from tritium.frontends.grpc.frames import Frame
 from tritium.frontends.grpc.http2 import (
     DEFAULT_WINDOW,
     END_STREAM,
@@ -66,9 +65,8 @@ class Inbound:
         """The peer has no credit because the budget has none to give."""
         return self.window.available <= 0
 
-    def on_data(self, found: Frame) -> None:
+    def on_data(self, flags: int, stream_id: int, payload: memoryview) -> None:
         conn = self._conn
-        stream_id, payload = found.stream_id, found.payload
         size = len(payload)
         window = self.window
         if size > window.available:  # RecvWindow.receive's check, without the call
@@ -91,7 +89,6 @@ class Inbound:
             conn.stream_error(call, H2Error.FLOW_CONTROL_ERROR)
             return
         call_window.available -= size
-        flags = found.flags
         ended = flags & END_STREAM
         if not size and not ended and not conn.flood.allow_empty_frame(conn.now()):
             raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "too many empty DATA frames")
