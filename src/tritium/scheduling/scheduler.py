@@ -199,9 +199,10 @@ class ModelScheduler:
         for request in batch:
             request.move_to(_EXECUTING)
             queued.ns += now - request.arrival_ns
-        queued.count += len(batch)
-        stats.pending -= len(batch)
-        stats.executing += len(batch)
+        count = len(batch)
+        queued.count += count
+        stats.pending -= count
+        stats.executing += count
         if self._ordered is not None:
             self._ordered.dispatched(batch)
         instance.submit(batch)
