@@ -96,6 +96,10 @@ class ModelEntry:
     # its versions: what a re-check after a composing model's reload starts from.
     ensemble_config: Any = None
     ensemble_versions: tuple[int, ...] = ()
+    # The slot of the highest READY version, as ``resolve`` last found it (None: look
+    # again). Only ``_swap`` makes a version READY, and it clears this; a slot that left
+    # READY since is noticed by its state.
+    latest: VersionEntry | None = None
 
 
 class ModelManager(DependencyRules):
@@ -342,6 +346,7 @@ class ModelManager(DependencyRules):
 
     def _swap(self, entry: ModelEntry, model_dir: Path, models: dict[int, ServedVersion],
               failures: dict[int, str], holder: OverrideDir | None) -> None:
+        entry.latest = None  # versions become READY (or are replaced) below
         # Only versions that run keep the directory they run from.
         old_holder, entry.override_dir = entry.override_dir, holder if models else None
         if old_holder is holder:
@@ -472,17 +477,12 @@ class ModelManager(DependencyRules):
                 ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}' is not found"
             )
         if version is None:
-            # ready_versions(name)[-1], without a sorted list per request.
-            version = -1
-            for number, candidate in entry.versions.items():
-                if candidate.state is ModelState.READY and number > version:
-                    version = number
-            if version < 0:
-                raise TritiumError(
-                    ErrorCode.UNAVAILABLE,
-                    f"Request for unknown model: '{name}' has no available versions"
-                    + (f": {entry.reason}" if entry.reason else ""),
-                )
+            latest = entry.latest
+            if latest is None or latest.state is not ModelState.READY or latest.model is None:
+                latest = entry.latest = _latest_ready(entry)
+            model = latest.model
+            assert model is not None  # checked above, or by _latest_ready
+            return model
         slot = entry.versions.get(version)
         # An UNLOADING version is still reachable by number, so the frontends can finish
         # the requests it is draining; its scheduler refuses anything new.
@@ -524,6 +524,21 @@ class ModelManager(DependencyRules):
                 if slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED:
                     return False
         return True
+
+
+def _latest_ready(entry: ModelEntry) -> VersionEntry:
+    """The slot of ``entry``'s highest READY version; UNAVAILABLE when it has none."""
+    number, latest = -1, None
+    for version, slot in entry.versions.items():
+        if slot.state is ModelState.READY and slot.model is not None and version > number:
+            number, latest = version, slot
+    if latest is None:
+        raise TritiumError(
+            ErrorCode.UNAVAILABLE,
+            f"Request for unknown model: '{entry.name}' has no available versions"
+            + (f": {entry.reason}" if entry.reason else ""),
+        )
+    return latest
 
 
 def _reason(exc: BaseException) -> str:
