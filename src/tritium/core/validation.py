@@ -28,17 +28,11 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
     """
     inputs = request.inputs
     specs = model.inputs
-    batched = model.max_batch_size > 0
+    max_batch_size = model.max_batch_size
+    batched = max_batch_size > 0
     checked, request.checked_for = request.checked_for, None  # trusted once, for one admission
     if checked is not model:
-        for name, tensor in inputs.items():
-            spec = specs.get(name)
-            if spec is None:
-                raise invalid(f"{_prefix(request.id)}unexpected inference input '{name}' for "
-                              f"model '{model.name}'")
-            misfit = _misfit(model.name, spec, name, tensor.datatype, tensor.shape, batched)
-            if misfit is not None:
-                raise invalid(_prefix(request.id) + misfit)
+        _check_inputs(request, model, batched)
     # Every input given is one of the model's (checked just now, or by the frontend), so
     # one can be missing only when fewer are given than the model declares.
     if len(inputs) < len(specs):
@@ -46,7 +40,26 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
                    if spec.name not in inputs and not spec.optional]
         if missing:
             raise invalid(_prefix(request.id) + _missing_inputs(model, list(inputs), missing))
-    batch_size = _batch_size(request, model) if batched else 1
+    # One pass for the batch size and for whether any input is reshaped: it runs for every
+    # request, where a function for each cost more than the checks themselves.
+    batch_size: int | None = None
+    reshaped = False
+    for name, tensor in inputs.items():
+        if specs[name].reshape is not None:
+            reshaped = True
+        if batched:
+            if batch_size is None:
+                batch_size = tensor.shape[0]
+            elif tensor.shape[0] != batch_size:
+                raise invalid(f"{_prefix(request.id)}inputs for model '{model.name}' must all "
+                              "have the same batch size")
+    if batch_size is None:
+        batch_size = 1
+    elif batch_size > max_batch_size:
+        raise invalid(
+            f"{_prefix(request.id)}inference request batch-size must be <= "
+            f"{max_batch_size} for '{model.name}'"
+        )
     if request.requested_outputs is not None:
         outputs = model.outputs
         for output in request.requested_outputs:
@@ -55,8 +68,22 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
                     f"{_prefix(request.id)}unexpected inference output '{output.name}' for "
                     f"model '{model.name}'"
                 )
-    _apply_reshapes(request, model, batched)
+    if reshaped:
+        _apply_reshapes(request, model, batched)
     return batch_size
+
+
+def _check_inputs(request: InferenceRequest, model: ModelHandle, batched: bool) -> None:
+    """Each input is declared by the model and fits its datatype and shape."""
+    specs = model.inputs
+    for name, tensor in request.inputs.items():
+        spec = specs.get(name)
+        if spec is None:
+            raise invalid(f"{_prefix(request.id)}unexpected inference input '{name}' for "
+                          f"model '{model.name}'")
+        misfit = _misfit(model.name, spec, name, tensor.datatype, tensor.shape, batched)
+        if misfit is not None:
+            raise invalid(_prefix(request.id) + misfit)
 
 
 def element_count(name: str, shape: tuple[int, ...], request_id: str | None = None) -> int:
@@ -111,25 +138,6 @@ def _prefix(request_id: str | None) -> str:
     if request_id is None:
         return ""
     return f"[request id: {request_id or '<id_unknown>'}] "
-
-
-def _batch_size(request: InferenceRequest, model: ModelHandle) -> int:
-    inputs = request.inputs
-    if len(inputs) == 1:  # the usual case: nothing to compare
-        for tensor in inputs.values():
-            size = tensor.shape[0]
-    else:
-        sizes = {tensor.shape[0] for tensor in inputs.values()}
-        if len(sizes) > 1:
-            raise invalid(f"{_prefix(request.id)}inputs for model '{model.name}' must all have "
-                          "the same batch size")
-        size = sizes.pop() if sizes else 1
-    if size > model.max_batch_size:
-        raise invalid(
-            f"{_prefix(request.id)}inference request batch-size must be <= "
-            f"{model.max_batch_size} for '{model.name}'"
-        )
-    return size
 
 
 def _missing_inputs(model: ModelHandle, given: list[str], missing: list[str]) -> str:
