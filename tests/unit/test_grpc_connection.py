@@ -12,6 +12,7 @@ import h2.connection
 import h2.events
 import h2.settings
 import hpack
+import pytest
 from tritonclient.grpc import service_pb2
 
 from tritium.core.cancellation import CancelReason
@@ -29,6 +30,7 @@ from tritium.frontends.grpc.http2 import (
     H2Error,
     frame,
 )
+from tritium.frontends.grpc.inbound import Inbound
 from tritium.frontends.grpc.status import GrpcStatus
 from tritium.frontends.grpc.windows import ByteBudget
 from tritium.frontends.grpc.wire import length_prefixed
@@ -185,14 +187,17 @@ class Peer:
             reply.credit += event.delta or 0
 
     def start(self, path: str, *requests: Any, end: bool = True,
-              headers: tuple[tuple[str, str], ...] = ()) -> int:
+              headers: tuple[tuple[str, str], ...] = (), end_with_data: bool = False) -> int:
+        """Open a stream and send ``requests``; ``end``: then END_STREAM, in an empty DATA
+        frame of its own, or (``end_with_data``) on the last request's frame."""
         stream_id = self.h2.get_next_available_stream_id()
         self.h2.send_headers(stream_id, [
             (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "t"),
             ("content-type", "application/grpc"), ("te", "trailers"), *headers])
-        for request in requests:
-            self.h2.send_data(stream_id, length_prefixed(request.SerializeToString()))
-        if end:
+        for i, request in enumerate(requests, 1):
+            self.h2.send_data(stream_id, length_prefixed(request.SerializeToString()),
+                              end_stream=end and end_with_data and i == len(requests))
+        if end and not (end_with_data and requests):
             self.h2.end_stream(stream_id)
         self.pump()
         return stream_id
@@ -729,3 +734,76 @@ def test_frames_of_unknown_types_are_ignored_and_calls_go_on() -> None:
         assert peer.ended(stream_id).status == GrpcStatus.OK
     run(body())
 
+
+# -- the usual unary call's one-step path against the general one -----------------------
+def _snapshot(peer: Peer, call: Call) -> dict[str, Any]:
+    """Everything the transport keeps that a unary call moves, and what the client got."""
+    inbound, conn = peer.conn.inbound, peer.conn
+    return {
+        "written": b"".join(peer.output.writes), "held": inbound.held,
+        "reserved": inbound.reserved, "credit": inbound.window.available,
+        "size": inbound._size, "budget": inbound._budget.held,
+        "send_window": conn.control.send_window.size, "calls": sorted(conn.calls),
+        "all_calls": len(peer.all_calls), "state": call.state, "withheld": call.withheld,
+        "call_held": call.held, "call_credit": call.recv_window.available,
+        "call_send_window": call.send_window.size, "headers_sent": call.headers_sent,
+        "timer": call.timer is not None, "messages": len(call.messages),
+        "partial": call.reader.partial, "pending": len(call.pending),
+        "reason": call.cancellation.reason, "task": call.task is not None,
+    }
+
+
+ONE_STEP_CASES = {
+    "plain": (GrpcLimits(), 10, ()),
+    "deadline": (GrpcLimits(), 10, (("grpc-timeout", "5S"),)),
+    # Requests that use half the connection's window in two turns: the client's credit is
+    # topped up (a reply of the same size still fits one frame).
+    "grants": (GrpcLimits(connection_window=70000), 16000, ()),
+    # A budget with no room: grants wait, and are retried as requests are taken.
+    "starved budget": (GrpcLimits(connection_window=70000, max_buffered_bytes=30000), 16000,
+                       ()),
+}
+
+
+@pytest.mark.parametrize("case", ONE_STEP_CASES)
+def test_usual_unary_call_one_step_path_matches_the_general_one(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    limits, size, headers = ONE_STEP_CASES[case]
+
+    async def served() -> list[dict[str, Any]]:
+        service = Service()
+        peer = Peer(service, limits)
+        peer.pump()
+        peer.pump()  # settings both ways: the client sends a message in one frame
+        seen = []
+        for turn in range(4):
+            stream_id = peer.start("/t.S/Echo", Request(id=str(turn) * size), headers=headers,
+                                   end_with_data=True)
+            call = peer.conn.calls[stream_id]
+            seen.append(_snapshot(peer, call))  # the request taken, its handler not run yet
+            await finished(await service.next_call())
+            peer.collect()
+            assert peer.ended(stream_id).status == GrpcStatus.OK
+            seen.append(_snapshot(peer, call))
+            peer.h2.acknowledge_received_data(len(peer.replies[stream_id].data), stream_id)
+        return seen
+
+    taken: list[str] = []
+    whole_request = Inbound._whole_request
+
+    def one_step_request(self: Inbound, call: Call, payload: memoryview, size: int) -> None:
+        taken.append("request")
+        whole_request(self, call, payload, size)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Inbound, "_whole_request", one_step_request)
+        fast = asyncio.run(served())
+    assert taken == ["request"] * 4
+
+    def general_request(self: Inbound, call: Call, payload: memoryview, size: int) -> None:
+        self._on_call_data(call, END_STREAM, payload, size)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Inbound, "_whole_request", general_request)
+        general = asyncio.run(served())
+    assert fast == general

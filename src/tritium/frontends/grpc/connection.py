@@ -20,6 +20,7 @@ from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits, Router
 from tritium.frontends.grpc.call_state import (
     CLIENT_DONE,
     DECIDED,
+    HALF_CLOSED_BY_CLIENT,
     MOVES,
     CallEvent,
     CallState,
@@ -234,6 +235,13 @@ class GrpcConnection:
             else:
                 call.wake()
 
+    def unary_request(self, call: Call, body: memoryview) -> None:
+        """A unary call's one message (uncompressed) came whole in the DATA frame that ended
+        its stream: ``remote_closed`` and ``dispatch_unary`` in one step (the move cannot be
+        illegal, the call was OPEN)."""
+        call.state = HALF_CLOSED_BY_CLIENT
+        call.task = self._loop.create_task(serving.serve_unary(self, call, body, False))
+
     # -- inbound frames ------------------------------------------------------------------
     def _on_headers(self, flags: int, stream_id: int, block: memoryview) -> None:
         headers = self._headers.decode(bytes(block))
@@ -318,7 +326,8 @@ class GrpcConnection:
     # -- serving -------------------------------------------------------------------------
     async def take_message(self, call: Call) -> Any:
         """The next whole request message of a streaming call, parsed."""
-        return await serving.read_message(self, call, self.inbound.take(call))
+        message = self.inbound.take(call)
+        return await serving.read_message(self, call, message.body, message.compressed)
 
     def message_too_large(self, call: Call, exc: MessageTooLarge) -> None:
         self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED, str(exc), CALL_BROKEN)

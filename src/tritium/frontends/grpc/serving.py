@@ -13,7 +13,7 @@ from tritium.core.errors import TritiumError
 from tritium.frontends.grpc import parse
 from tritium.frontends.grpc.call import CALL_BROKEN, BadMessage, Call
 from tritium.frontends.grpc.call_state import DECIDED
-from tritium.frontends.grpc.messages import Message, inflate
+from tritium.frontends.grpc.messages import inflate
 from tritium.frontends.grpc.parse import DEFAULT_BUDGET
 from tritium.frontends.grpc.status import GrpcStatus, grpc_status
 from tritium.frontends.grpc.wire import length_prefixed
@@ -33,13 +33,14 @@ def dispatch_unary(conn: GrpcConnection, call: Call) -> None:
                     f"a unary method takes exactly one request message, got {count}")
         return
     message = conn.inbound.take(call)
-    call.task = asyncio.get_running_loop().create_task(serve_unary(conn, call, message))
+    call.task = asyncio.get_running_loop().create_task(
+        serve_unary(conn, call, message.body, message.compressed))
 
 
 
-async def read_message(conn: GrpcConnection, call: Call, message: Message) -> Any:
-    body = message.body
-    if message.compressed:
+async def read_message(conn: GrpcConnection, call: Call, body: bytes | memoryview,
+                       compressed: bool) -> Any:
+    if compressed:
         if call.encoding == "identity":
             raise BadMessage("compressed message without a grpc-encoding",
                              GrpcStatus.INTERNAL)
@@ -52,15 +53,16 @@ async def read_message(conn: GrpcConnection, call: Call, message: Message) -> An
 
 
 
-async def serve_unary(conn: GrpcConnection, call: Call, message: Message) -> None:
+async def serve_unary(conn: GrpcConnection, call: Call, body: bytes | memoryview,
+                      compressed: bool) -> None:
     handler = call.rpc.unary
     assert handler is not None
     try:
-        if message.compressed or len(message.body) > DEFAULT_BUDGET.inline_bytes:
-            request = await read_message(conn, call, message)
+        if compressed or len(body) > DEFAULT_BUDGET.inline_bytes:
+            request = await read_message(conn, call, body, compressed)
         else:  # the usual case, without a coroutine for it (nor parse_message's call)
             try:
-                request = call.rpc.request_type.FromString(message.body)
+                request = call.rpc.request_type.FromString(body)
             except DecodeError as exc:
                 raise BadMessage(f"request message does not parse: {exc}") from None
         reply = await handler(request, call)
