@@ -31,6 +31,7 @@ from tritium.frontends.grpc.http2 import (
     frame,
 )
 from tritium.frontends.grpc.inbound import Inbound
+from tritium.frontends.grpc.sending import Outbox
 from tritium.frontends.grpc.status import GrpcStatus
 from tritium.frontends.grpc.windows import ByteBudget
 from tritium.frontends.grpc.wire import length_prefixed
@@ -735,7 +736,7 @@ def test_frames_of_unknown_types_are_ignored_and_calls_go_on() -> None:
     run(body())
 
 
-# -- the usual unary call's one-step path against the general one -----------------------
+# -- the usual unary call's one-step paths against the general ones -----------------------
 def _snapshot(peer: Peer, call: Call) -> dict[str, Any]:
     """Everything the transport keeps that a unary call moves, and what the client got."""
     inbound, conn = peer.conn.inbound, peer.conn
@@ -766,7 +767,7 @@ ONE_STEP_CASES = {
 
 
 @pytest.mark.parametrize("case", ONE_STEP_CASES)
-def test_usual_unary_call_one_step_path_matches_the_general_one(
+def test_usual_unary_call_one_step_paths_match_the_general_ones(
         case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     limits, size, headers = ONE_STEP_CASES[case]
 
@@ -789,21 +790,28 @@ def test_usual_unary_call_one_step_path_matches_the_general_one(
         return seen
 
     taken: list[str] = []
-    whole_request = Inbound._whole_request
+    whole_request, whole_reply = Inbound._whole_request, Outbox.whole_reply
 
     def one_step_request(self: Inbound, call: Call, payload: memoryview, size: int) -> None:
         taken.append("request")
         whole_request(self, call, payload, size)
 
+    def one_step_reply(self: Outbox, call: Call, pieces: list[Chunk], size: int) -> bool:
+        done = whole_reply(self, call, pieces, size)
+        taken.append("reply" if done else "general reply")
+        return done
+
     with monkeypatch.context() as patched:
         patched.setattr(Inbound, "_whole_request", one_step_request)
+        patched.setattr(Outbox, "whole_reply", one_step_reply)
         fast = asyncio.run(served())
-    assert taken == ["request"] * 4
+    assert taken == ["request", "reply"] * 4
 
     def general_request(self: Inbound, call: Call, payload: memoryview, size: int) -> None:
         self._on_call_data(call, END_STREAM, payload, size)
 
     with monkeypatch.context() as patched:
         patched.setattr(Inbound, "_whole_request", general_request)
+        patched.setattr(Outbox, "whole_reply", lambda *_: False)
         general = asyncio.run(served())
     assert fast == general

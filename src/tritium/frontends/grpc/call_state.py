@@ -40,9 +40,11 @@ for _state in (CallState.OPEN, CallState.HALF_CLOSED, CallState.ENDING,
     MOVES[_state, CallEvent.RESET] = CallState.CLOSED
     MOVES[_state, CallEvent.LOST] = CallState.CLOSED
 
-# Where the usual unary call's move leads, read off the table once for the hot path that
-# makes it without a lookup: its client half-closing it while open.
+# Where the usual unary call's moves lead, read off the table once for the hot paths that
+# make them without a lookup: its client half-closing it while open, and its reply going out
+# whole (END, then FLUSHED) once it is half-closed.
 HALF_CLOSED_BY_CLIENT = MOVES[CallState.OPEN, CallEvent.END_STREAM]
+ANSWERED = MOVES[MOVES[CallState.HALF_CLOSED, CallEvent.END], CallEvent.FLUSHED]
 
 # States in which the reply is decided: a handler's late answer is dropped.
 DECIDED = frozenset({CallState.ENDING, CallState.ENDING_HALF_CLOSED, CallState.CLOSED})

@@ -18,6 +18,7 @@ from tritium.core.inflight import InFlight
 from tritium.frontends.grpc import serving
 from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits, Router
 from tritium.frontends.grpc.call_state import (
+    ANSWERED,
     CLIENT_DONE,
     DECIDED,
     HALF_CLOSED_BY_CLIENT,
@@ -33,6 +34,7 @@ from tritium.frontends.grpc.frames import FrameReader, NotHttp2, http1_refusal
 from tritium.frontends.grpc.headers import HeaderDecoder
 from tritium.frontends.grpc.http2 import (
     END_STREAM,
+    Chunk,
     FrameType,
     H2Error,
     ProtocolViolation,
@@ -48,6 +50,7 @@ from tritium.frontends.grpc.windows import ByteBudget
 from tritium.frontends.grpc.wire import (
     ENCODINGS,
     OK_TRAILERS,
+    message_of,
     parse_timeout,
     trailers_block,
 )
@@ -155,6 +158,26 @@ class GrpcConnection:
         self.flood.data_sent()
         self.flush_soon()
 
+    def answer(self, call: Call, pieces: list[Chunk], size: int) -> None:
+        """A unary call's reply, one message of ``size`` bytes serialized in ``pieces``, and
+        its OK end. The usual reply (the request is whole, nothing was sent yet, the message
+        fits one frame and the windows) goes out and closes the call in one step, with the
+        frames and bookkeeping of ``outbox.data`` and ``finish`` (a unit test runs both)."""
+        if call.state is not CallState.HALF_CLOSED or \
+                not self.outbox.whole_reply(call, pieces, size):
+            self.outbox.data(call, message_of(pieces, size))
+            self.flood.data_sent()
+            self.finish(call, GrpcStatus.OK)
+            return
+        self.flood.data_sent()
+        call.state = ANSWERED  # END, then FLUSHED: nothing waits for window
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        self._forget(call)
+        if not self.reading:  # flush_soon, inlined
+            self.flush()
+
     def finish(self, call: Call, status: GrpcStatus, message: str = "",
                reason: CancelReason | None = None) -> None:
         """End ``call`` from this side with ``status``. An end its handler did not ask for
@@ -206,6 +229,10 @@ class GrpcConnection:
             # RFC 9113 §8.1: a complete response may be followed by RST_STREAM(NO_ERROR) so
             # the client stops sending a request nobody reads.
             self.outbox.out.append(rst_stream(call.stream_id, H2Error.NO_ERROR))
+        self._forget(call)
+
+    def _forget(self, call: Call) -> None:
+        """``call`` is CLOSED: nothing of it is kept, and whoever waits on it is woken."""
         self.outbox.drop(call)
         self.inbound.release(call)
         del self.calls[call.stream_id]

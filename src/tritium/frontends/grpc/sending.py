@@ -3,6 +3,7 @@ queued per call and written as credit arrives, trailers after the last queued by
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Protocol
 
@@ -19,10 +20,14 @@ from tritium.frontends.grpc.http2 import (
     rst_stream,
 )
 from tritium.frontends.grpc.windows import SendWindow
-from tritium.frontends.grpc.wire import RESPONSE_HEADERS
+from tritium.frontends.grpc.wire import OK_TRAILERS, RESPONSE_HEADERS
 
 # The hot frames are packed here, as http2.frame would (a call less for each).
 _RESPONSE_HEADERS_WORD = (len(RESPONSE_HEADERS) << 8) | FrameType.HEADERS
+_OK_TRAILERS_WORD = (len(OK_TRAILERS) << 8) | FrameType.HEADERS
+# A whole reply's first bytes in one pack: the HEADERS frame, the DATA frame's header and
+# the message's prefix (compressed flag, length).
+_REPLY_START = struct.Struct(f">IBI{len(RESPONSE_HEADERS)}sIBIBI")
 
 
 class Output(Protocol):
@@ -60,6 +65,29 @@ class Outbox:
         rest = self._frame(call, data)
         if rest is not None:
             call.pending.append(rest)
+
+    def whole_reply(self, call: Call, pieces: list[Chunk], size: int) -> bool:
+        """Frame a whole reply at once, as ``data`` then ``trailers(OK_TRAILERS)`` would:
+        response headers, one message (serialized in ``pieces``, ``size`` bytes), OK
+        trailers. False, with nothing framed, unless nothing was sent for ``call`` yet and
+        the message fits one frame and both windows. ``flushed`` is not called."""
+        length = size + 5
+        window, call_window = self.window, call.send_window
+        # Nothing is queued for a call whose headers are still to go (``data`` sends them).
+        if call.headers_sent or length > DEFAULT_MAX_FRAME or length > window.size or \
+                length > call_window.size:
+            return False
+        call.headers_sent = True
+        window.size -= length
+        call_window.size -= length
+        stream_id = call.stream_id
+        self.out.append(b"".join([
+            _REPLY_START.pack(_RESPONSE_HEADERS_WORD, END_HEADERS, stream_id, RESPONSE_HEADERS,
+                              length << 8, 0, stream_id, 0, size),
+            *pieces,
+            FRAME_HEADER.pack(_OK_TRAILERS_WORD, END_HEADERS | END_STREAM, stream_id),
+            OK_TRAILERS]))
+        return True
 
     def trailers(self, call: Call, block: bytes) -> None:
         """End ``call`` with ``block`` once its queued data is out."""

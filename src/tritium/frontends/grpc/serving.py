@@ -16,7 +16,6 @@ from tritium.frontends.grpc.call_state import DECIDED
 from tritium.frontends.grpc.messages import inflate
 from tritium.frontends.grpc.parse import DEFAULT_BUDGET
 from tritium.frontends.grpc.status import GrpcStatus, grpc_status
-from tritium.frontends.grpc.wire import length_prefixed
 
 if TYPE_CHECKING:
     from tritium.frontends.grpc.connection import GrpcConnection
@@ -72,13 +71,10 @@ async def serve_unary(conn: GrpcConnection, call: Call, body: bytes | memoryview
     if call.state in DECIDED:
         return
     if isinstance(reply, list):  # already serialized, in pieces (see Rpc)
-        size = sum(map(len, reply))
-        body = b"".join([b"\x00", size.to_bytes(4, "big"), *reply])
+        conn.answer(call, reply, sum(map(len, reply)))
     else:
-        body = length_prefixed(reply.SerializeToString())
-    conn.outbox.data(call, body)
-    conn.flood.data_sent()
-    conn.finish(call, GrpcStatus.OK)
+        body = reply.SerializeToString()
+        conn.answer(call, [body], len(body))
 
 
 

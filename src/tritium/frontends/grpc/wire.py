@@ -3,7 +3,7 @@ and the length prefix of a message. Pure functions and constants."""
 
 from __future__ import annotations
 
-from tritium.frontends.grpc.http2 import header_block
+from tritium.frontends.grpc.http2 import Chunk, header_block
 
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 ACCEPTED_ENCODINGS = b"identity,deflate,gzip"
@@ -52,3 +52,8 @@ def trailers_block(status: int, message: str, headers_sent: bool) -> bytes:
 def length_prefixed(body: bytes) -> bytes:
     """A gRPC message on the wire: uncompressed flag, 4-byte length, bytes."""
     return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+def message_of(pieces: list[Chunk], size: int) -> bytes:
+    """``length_prefixed`` for a body serialized in pieces (``size`` bytes in all)."""
+    return b"".join([b"\x00", size.to_bytes(4, "big"), *pieces])
