@@ -140,9 +140,10 @@ class GrpcConnection:
     # -- bytes out -------------------------------------------------------------------------
     def flush(self) -> None:
         out = self.outbox.out
-        if out and not self.closed:
-            self._output.write(out)
-        self.outbox.out = []
+        if out:  # most reads of a unary call need no answer of their own
+            self.outbox.out = []
+            if not self.closed:
+                self._output.write(out)
         if self._close_after_flush and not self.closed:
             self._close()
 

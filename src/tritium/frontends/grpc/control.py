@@ -3,6 +3,7 @@ WINDOW_UPDATE and SETTINGS_INITIAL_WINDOW_SIZE move."""
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 from tritium.frontends.grpc.http2 import (
@@ -23,6 +24,8 @@ from tritium.frontends.grpc.windows import SendWindow, WindowError
 
 if TYPE_CHECKING:
     from tritium.frontends.grpc.connection import GrpcConnection
+
+_INCREMENT = struct.Struct(">I")  # a WINDOW_UPDATE's payload (its top bit is reserved)
 
 
 class Control:
@@ -101,10 +104,13 @@ class Control:
         conn.outbox.out.append(frame(FrameType.PING, ACK, 0, payload))
 
     def on_window_update(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        conn = self._conn
-        if len(payload) != 4:
-            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "WINDOW_UPDATE is not 4 bytes")
-        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        # Two a unary call (the connection's and its stream's): one unpack checks the size
+        # and reads the increment.
+        try:
+            increment = _INCREMENT.unpack(payload)[0] & 0x7FFFFFFF
+        except struct.error:
+            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR,
+                                    "WINDOW_UPDATE is not 4 bytes") from None
         if stream_id == 0:
             if not increment:
                 raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "zero WINDOW_UPDATE")
@@ -112,9 +118,10 @@ class Control:
             if window.size + increment > MAX_WINDOW:  # SendWindow.grow, without the call
                 raise ProtocolViolation(H2Error.FLOW_CONTROL_ERROR, "window overflow")
             window.size += increment
-            if conn.outbox.blocked:
-                conn.outbox.pump_blocked()
+            if self._conn.outbox.blocked:
+                self._conn.outbox.pump_blocked()
             return
+        conn = self._conn
         call = conn.calls.get(stream_id)
         if call is None:
             if conn.is_idle_stream(stream_id):

@@ -166,10 +166,10 @@ class Inbound:
 
     def release(self, call: Call) -> None:
         """``call`` is closed: its bytes are dropped."""
-        if call.held:
+        if call.held:  # its messages, and a message half in (the held bytes count them)
             self._consume(call.held)
+            call.messages.clear()
         call.held = call.withheld = 0
-        call.messages.clear()
         if call.reader.buf:
             call.reader.clear()  # its task may live on a while; the bytes need not
 
