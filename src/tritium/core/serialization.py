@@ -146,9 +146,12 @@ def bytes_array(elements: Sequence[bytes]) -> np.ndarray:
 
 def tensor_bytes(tensor: Tensor) -> bytes | memoryview:
     """The tensor in the binary layout: raw little-endian values, or length-prefixed BYTES."""
-    if tensor.datatype is DataType.BYTES:
+    datatype = tensor.datatype
+    if datatype is DataType.BYTES:
         return serialize_bytes(tensor.data)
-    array = wire_array(tensor)
+    array = tensor.data
+    if array.dtype != datatype.numpy:  # the usual array is already right: no call for it
+        array = wire_array(tensor)
     # A flat uint8 view: len() is the byte count and nothing is copied.
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
