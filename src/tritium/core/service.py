@@ -287,10 +287,12 @@ class InferenceService:
 async def _single_response(stream: ResponseStream, refusal: str) -> InferenceResponse:
     """The one response of a stream; INTERNAL with ``refusal`` (formatted with the count)
     when the model sent none or several, as Triton's HTTP frontend words it."""
+    response = await stream.receive()
+    if response.final and response.error is None and not response.flag_only:
+        return response  # the usual answer, alone and final: none of the counting below
     result: InferenceResponse | None = None
     count = 0
     while True:
-        response = await stream.receive()
         if response.error is not None:
             raise response.error
         if not response.flag_only:
@@ -298,6 +300,7 @@ async def _single_response(stream: ResponseStream, refusal: str) -> InferenceRes
             result = response
         if response.final:
             break
+        response = await stream.receive()
     if count != 1 or result is None:
         raise TritiumError(ErrorCode.INTERNAL, refusal.format(count=count))
     return result
