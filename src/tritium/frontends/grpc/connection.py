@@ -80,6 +80,7 @@ class GrpcConnection:
         self._headers = HeaderDecoder(limits.max_header_list_bytes)
         self.calls: dict[int, Call] = {}
         self._last_stream = 0
+        self._max_streams = limits.max_concurrent_streams
         self.control = Control(self)
         self.outbox = Outbox(self.control.send_window, self._flushed)
         self.inbound = Inbound(self, budget)
@@ -288,7 +289,7 @@ class GrpcConnection:
                 return  # late trailers of a call this side already finished
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "stream id went backwards")
         self._last_stream = stream_id
-        if self._going_away or len(self.calls) >= self.limits.max_concurrent_streams:
+        if self._going_away or len(self.calls) >= self._max_streams:
             self.outbox.out.append(rst_stream(stream_id, H2Error.REFUSED_STREAM))
             self.count_reset()
             return

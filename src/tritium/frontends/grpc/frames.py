@@ -129,16 +129,17 @@ class FrameReader:
             data = self._whole(data)
         # One loop splits and hands on: no frame objects, no list of them.
         pos, size = 0, len(data)
-        max_frame = self.max_frame
+        # The header's first word is the length above the type byte: compared whole, it is
+        # too long exactly when the length is.
+        max_word = self.max_frame << 8 | 0xFF
         unpack = FRAME_HEADER.unpack_from
         view = memoryview(data)
         while size - pos >= 9:
             word, flags, stream_id = unpack(data, pos)
-            length = word >> 8
-            if length > max_frame:
+            if word > max_word:
                 raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR,
-                                        f"frame of {length} bytes exceeds {max_frame}")
-            end = pos + 9 + length
+                                        f"frame of {word >> 8} bytes exceeds {self.max_frame}")
+            end = pos + 9 + (word >> 8)
             if end > size:
                 break
             self._handlers[word & 0xFF](flags, stream_id & 0x7FFFFFFF, view[pos + 9:end])

@@ -96,7 +96,7 @@ class Inbound:
         if flags == END_STREAM and state is CallState.OPEN and not call.held and size >= 5 \
                 and call.rpc.unary is not None:
             flag, length = _MESSAGE_PREFIX.unpack_from(payload)
-            if not flag and length == size - 5 <= call.reader.limit:
+            if not flag and length == size - 5 <= self.message_limit:  # the reader's limit
                 self._whole_request(call, payload, size)
                 return
         self._on_call_data(call, flags, payload, size)
@@ -126,8 +126,9 @@ class Inbound:
         the stream, nothing before it, no padding. What ``_take_bytes``, ``remote_closed``,
         ``dispatch_unary`` and ``take`` would do with it, in their order, in one step and with
         no ``Message``: the same bookkeeping and frames (a unit test runs both)."""
+        # (``call.last_progress`` is left: it counts only while a call is OPEN, and this one
+        # is half-closed at once.)
         call.withheld += size
-        call.last_progress = self._conn.now()
         if self.window.available <= self._size // 2:  # the bytes are in...
             self._grant()
         self._consume(size)  # ...and taken at once (``call.held`` would go up and back down)
