@@ -3,6 +3,8 @@ and the length prefix of a message. Pure functions and constants."""
 
 from __future__ import annotations
 
+import functools
+
 from tritium.frontends.grpc.http2 import Chunk, header_block
 
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -10,6 +12,9 @@ ACCEPTED_ENCODINGS = b"identity,deflate,gzip"
 ENCODINGS = ("identity", "gzip", "deflate")
 
 
+# gRPC clients repeat a timeout's text from call to call (grpc-core keeps the ones it sent in
+# its HPACK table), so the parse of each is remembered.
+@functools.lru_cache(maxsize=256)
 def parse_timeout(value: str) -> float:
     """``grpc-timeout`` (up to 8 digits and a unit) in seconds; ValueError if malformed."""
     digits, unit = value[:-1], value[-1:]
