@@ -149,6 +149,16 @@ def test_after_stop_no_frame_is_handed_on_not_even_the_rest_of_the_read() -> Non
                                                                         bytes(8)))
     found.feed(frame(FrameType.PING, 0, 0, bytes(8)))
     assert handled == [0]
+    assert not found.in_header_block
+
+
+def test_a_stop_inside_a_header_block_leaves_no_error_for_what_follows() -> None:
+    found = after_preface()
+    found.frames(frame(FrameType.HEADERS, 0, 1, b"h"))
+    assert found.in_header_block
+    found.stop()
+    assert not found.in_header_block
+    assert found.frames(frame(FrameType.DATA, 0, 1, b"d")) == []  # not "interrupted"
 
 
 def test_frames_with_no_payload_and_reads_of_nothing() -> None:

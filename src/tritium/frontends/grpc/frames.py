@@ -1,8 +1,8 @@
 """Bytes to HTTP/2 frames: the client's preface, frames split across reads, and header blocks
 spread over CONTINUATION frames. Pure: it knows no socket and no stream state.
 
-A HEADERS frame comes out of the reader with its whole header block as payload (padding and
-priority fields removed, CONTINUATION frames joined), so nothing after it sees CONTINUATION.
+A HEADERS frame is handed on with its whole header block as payload (padding and priority
+fields removed, CONTINUATION frames joined), so nothing after the reader sees CONTINUATION.
 """
 
 from __future__ import annotations
@@ -149,7 +149,8 @@ class FrameReader:
 
     def stop(self) -> None:
         """Hand on no more frames (the connection is closed)."""
-        self._handlers = self._open = self._in_block = [_ignore] * 256
+        self._handlers = self._open = [_ignore] * 256
+        self._in_block = [_ignore] * 256
 
     def clear(self) -> None:
         """Drop whatever is held and hand on nothing more (the connection is gone)."""
