@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+_BY_WIRE: dict[str, DataType] = {}  # filled once the members exist, below
 
 
 class DataType(enum.Enum):
@@ -35,9 +38,14 @@ class DataType(enum.Enum):
         self.itemsize = itemsize
         self.code = code
 
-    @classmethod
-    def from_wire(cls, name: str) -> DataType | None:
-        return _BY_WIRE.get(name)
+    if TYPE_CHECKING:
+        @staticmethod
+        def from_wire(name: str) -> DataType | None:
+            """The data type named ``name`` on the wire; None for an unknown name."""
+    else:
+        # The wire-name table's own ``get``: the lookup every input of every request makes
+        # runs no Python frame.
+        from_wire = staticmethod(_BY_WIRE.get)
 
     @classmethod
     def from_config(cls, name: str) -> DataType | None:
@@ -54,7 +62,7 @@ class DataType(enum.Enum):
         return _BY_CODE.get(code)
 
 
-_BY_WIRE = {t.wire: t for t in DataType}
+_BY_WIRE.update((t.wire, t) for t in DataType)
 _BY_CONFIG = {t.config: t for t in DataType}
 _BY_CODE = {t.code: t for t in DataType}
 _BY_NUMPY = {t.numpy: t for t in DataType if t is not DataType.BF16}
@@ -84,3 +92,13 @@ class TensorSpec:
     dims: tuple[int, ...]
     optional: bool = False
     reshape: tuple[int, ...] | None = None
+    # Worked out once for the check every input of every request gets: how many ``dims``
+    # there are, and the positions that are not -1 (where an input's shape must match).
+    rank: int = field(init=False, repr=False, compare=False)
+    fixed: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Frozen: set once, here.
+        object.__setattr__(self, "rank", len(self.dims))
+        object.__setattr__(self, "fixed",
+                           tuple(i for i, want in enumerate(self.dims) if want != -1))

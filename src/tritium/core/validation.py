@@ -31,15 +31,11 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
     max_batch_size = model.max_batch_size
     batched = max_batch_size > 0
     checked, request.checked_for = request.checked_for, None  # trusted once, for one admission
-    if checked is not model:
-        _check_inputs(request, model, batched)
-    # Every input given is one of the model's (checked just now, or by the frontend), so
-    # one can be missing only when fewer are given than the model declares.
-    if len(inputs) < len(specs):
-        missing = [spec.name for spec in specs.values()
-                   if spec.name not in inputs and not spec.optional]
-        if missing:
-            raise invalid(_prefix(request.id) + _missing_inputs(model, list(inputs), missing))
+    unchecked = checked is not model
+    # Every input given is one of the model's (checked by the frontend, or in
+    # ``_check_given``), so one can be missing only when fewer are given than declared.
+    if unchecked or len(inputs) < len(specs):
+        _check_given(request, model, batched, unchecked)
     # One pass for the batch size and for whether any input is reshaped: it runs for every
     # request, where a function for each cost more than the checks themselves.
     batch_size: int | None = None
@@ -47,12 +43,11 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
     for name, tensor in inputs.items():
         if specs[name].reshape is not None:
             reshaped = True
-        if batched:
-            if batch_size is None:
-                batch_size = tensor.shape[0]
-            elif tensor.shape[0] != batch_size:
+        if batched and tensor.shape[0] != batch_size:
+            if batch_size is not None:
                 raise invalid(f"{_prefix(request.id)}inputs for model '{model.name}' must all "
                               "have the same batch size")
+            batch_size = tensor.shape[0]
     if batch_size is None:
         batch_size = 1
     elif batch_size > max_batch_size:
@@ -71,6 +66,19 @@ def validate_request(request: InferenceRequest, model: ModelHandle) -> int:
     if reshaped:
         _apply_reshapes(request, model, batched)
     return batch_size
+
+
+def _check_given(request: InferenceRequest, model: ModelHandle, batched: bool,
+                 unchecked: bool) -> None:
+    """Each input (when ``unchecked``) is declared by the model and fits it, and none the
+    model requires is missing."""
+    inputs = request.inputs
+    if unchecked:
+        _check_inputs(request, model, batched)
+    missing = [spec.name for spec in model.inputs.values()
+               if spec.name not in inputs and not spec.optional]
+    if missing:
+        raise invalid(_prefix(request.id) + _missing_inputs(model, list(inputs), missing))
 
 
 def _check_inputs(request: InferenceRequest, model: ModelHandle, batched: bool) -> None:
@@ -123,6 +131,21 @@ def check_input(model: ModelHandle, name: str, datatype: DataType, shape: tuple[
         raise invalid(f"{_prefix(request_id)}unexpected inference input '{name}' for model "
                       f"'{model.name}'")
     max_batch_size = model.max_batch_size
+    batched = max_batch_size > 0
+    # Every input of every request comes here, so the usual fit is tested inline: no fixed
+    # dimension, or all of them as configured (a batched shape has one more in front).
+    # ``_refuse_input`` sorts out the rest.
+    if (datatype is not spec.datatype or len(shape) != spec.rank + batched
+            or (spec.fixed and (shape[1:] if batched else shape) != spec.dims)
+            or (batched and shape[0] > max_batch_size)):
+        _refuse_input(model, spec, name, datatype, shape, request_id)
+
+
+def _refuse_input(model: ModelHandle, spec: TensorSpec, name: str, datatype: DataType,
+                  shape: tuple[int, ...], request_id: str | None) -> None:
+    """Raise INVALID_ARG for an input that does not fit ``spec`` (``check_input``'s rule);
+    return if it fits after all."""
+    max_batch_size = model.max_batch_size
     misfit = _misfit(model.name, spec, name, datatype, shape, max_batch_size > 0)
     if misfit is not None:
         raise invalid(_prefix(request_id) + misfit)
@@ -154,20 +177,6 @@ def _missing_inputs(model: ModelHandle, given: list[str], missing: list[str]) ->
                                           given=quoted(given), missing=quoted(missing))
 
 
-# For each configured ``dims``, the positions that are not -1 (few configs, many requests).
-_FIXED: dict[tuple[int, ...], tuple[int, ...]] = {}
-_FIXED_MAX = 4096
-
-
-def _fixed_positions(dims: tuple[int, ...]) -> tuple[int, ...]:
-    fixed = _FIXED.get(dims)
-    if fixed is None:
-        fixed = tuple(i for i, want in enumerate(dims) if want != -1)
-        if len(_FIXED) < _FIXED_MAX:
-            _FIXED[dims] = fixed
-    return fixed
-
-
 def _misfit(model: str, spec: TensorSpec, name: str, datatype: DataType,
             shape: tuple[int, ...], batched: bool) -> str | None:
     """Why an input of ``datatype`` and ``shape`` does not fit ``spec``; None if it does."""
@@ -182,10 +191,7 @@ def _misfit(model: str, spec: TensorSpec, name: str, datatype: DataType,
         dims = shape
     want = spec.dims
     if len(dims) == len(want):
-        fixed = _FIXED.get(want)
-        if fixed is None:
-            fixed = _fixed_positions(want)
-        for i in fixed:
+        for i in spec.fixed:
             if dims[i] != want[i]:
                 break
         else:
