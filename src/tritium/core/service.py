@@ -275,21 +275,27 @@ class InferenceService:
         """One request, one response, for models that are not decoupled (``model``: as
         for ``submit``)."""
         stream = self.submit(request, cancellation, allow_decoupled=False, model=model)
-        return await _single_response(stream, messages.INFER_ONE_RESPONSE)
+        response = await stream.receive()
+        # The usual answer, final and alone, is returned here without another coroutine.
+        if response.final and response.error is None and not response.flag_only:
+            return response
+        return await _single_response(stream, response, messages.INFER_ONE_RESPONSE)
 
     async def generate(self, request: InferenceRequest, cancellation: Cancellation
                        ) -> InferenceResponse:
         """One request, exactly one response, decoupled models allowed."""
         stream = self.submit(request, cancellation, allow_decoupled=True)
-        return await _single_response(stream, messages.GENERATE_ONE_RESPONSE)
+        response = await stream.receive()
+        if response.final and response.error is None and not response.flag_only:
+            return response
+        return await _single_response(stream, response, messages.GENERATE_ONE_RESPONSE)
 
 
-async def _single_response(stream: ResponseStream, refusal: str) -> InferenceResponse:
-    """The one response of a stream; INTERNAL with ``refusal`` (formatted with the count)
-    when the model sent none or several, as Triton's HTTP frontend words it."""
-    response = await stream.receive()
-    if response.final and response.error is None and not response.flag_only:
-        return response  # the usual answer, alone and final: none of the counting below
+async def _single_response(stream: ResponseStream, response: InferenceResponse,
+                           refusal: str) -> InferenceResponse:
+    """The one response of a stream whose first was ``response``; INTERNAL with
+    ``refusal`` (formatted with the count) when the model sent none or several, as
+    Triton's HTTP frontend words it."""
     result: InferenceResponse | None = None
     count = 0
     while True:
