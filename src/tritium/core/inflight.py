@@ -29,8 +29,9 @@ class InFlight(Generic[T]):
         self.add: Callable[[T], object] = self._members.setdefault
 
     def discard(self, member: T) -> None:
-        members = self._members
-        if members.pop(member, 0) is None and not members and self._empty is not None:
+        self._members.pop(member, None)
+        # Nobody waits (``_empty`` None) in the usual case: one test, then done.
+        if self._empty is not None and not self._members:
             self._empty.set()
 
     def __len__(self) -> int:

@@ -42,6 +42,7 @@ from tritium.repository.served import EnsembleFactory, ServedVersion
 log = logging.getLogger("tritium.repository")
 
 UNLOADED = "unloaded"
+_READY = ModelState.READY
 _REACHABLE = (ModelState.READY, ModelState.UNLOADING)
 # How long stopping a model may wait for its instances' finalize() before giving up on them.
 FINALIZE_TIMEOUT_S = 10.0
@@ -478,10 +479,10 @@ class ModelManager(DependencyRules):
             )
         if version is None:
             latest = entry.latest
-            if latest is None or latest.state is not ModelState.READY or latest.model is None:
+            if latest is None or latest.state is not _READY:
                 latest = entry.latest = _latest_ready(entry)
             model = latest.model
-            assert model is not None  # checked above, or by _latest_ready
+            assert model is not None  # a READY slot holds its model (see _swap)
             return model
         slot = entry.versions.get(version)
         # An UNLOADING version is still reachable by number, so the frontends can finish
