@@ -74,7 +74,7 @@ def decode_infer_request(
     shape, batch size, byte size) before any input's data is decoded. Tensors whose
     parameters name a ``shared_memory`` region are read from (outputs: written to) it.
     """
-    state = GrpcRequestState(version_text=message.model_version)
+    state = GrpcRequestState(message.model_version)
     request = InferenceRequest(
         model_name=message.model_name,
         inputs={},
@@ -147,7 +147,7 @@ def _plan_inputs(
         region = None
         if item.parameters:
             region = shm.input_slice(item, message.model_name, shared_memory)
-        datatype = _FROM_WIRE(item.datatype)
+        datatype = DataType.from_wire(item.datatype)
         if datatype is None:
             raise invalid(f"invalid datatype '{item.datatype}' for input '{name}'")
         shape = _shape(item.shape, name)
@@ -177,10 +177,6 @@ def _plan_inputs(
 
 def _prefix(request_id: str) -> str:
     return f"[request id: {request_id or '<id_unknown>'}] "
-
-
-# ``DataType.from_wire`` without its Python frame: it runs for every input.
-_FROM_WIRE = {datatype.wire: datatype for datatype in DataType}.get
 
 
 def _shape(dims: Iterable[int], tensor: str) -> tuple[int, ...]:
