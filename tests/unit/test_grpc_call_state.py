@@ -7,8 +7,10 @@ import itertools
 import pytest
 
 from tritium.frontends.grpc.call_state import (
+    ANSWERED,
     CLIENT_DONE,
     DECIDED,
+    HALF_CLOSED_BY_CLIENT,
     CallEvent,
     CallState,
     IllegalMove,
@@ -106,3 +108,8 @@ def test_decided_and_client_done_sets() -> None:
     # END_STREAM is legal exactly where the client has not finished.
     assert {state for (state, event) in LEGAL if event is E.END_STREAM} == \
         set(CallState) - CLIENT_DONE - {S.CLOSED}
+
+
+def test_the_one_step_moves_of_the_usual_unary_call_are_the_tables() -> None:
+    assert HALF_CLOSED_BY_CLIENT is next_state(S.OPEN, E.END_STREAM) is S.HALF_CLOSED
+    assert ANSWERED is next_state(next_state(S.HALF_CLOSED, E.END), E.FLUSHED) is S.CLOSED

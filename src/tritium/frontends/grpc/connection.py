@@ -4,6 +4,9 @@ buffer flushed once per read (or at once when a handler writes between reads).
 Every call ends in ``_move``, the one place that applies a state change's side effects:
 trailers, RST_STREAM, timers, the call's cancellation, the byte budget, bookkeeping. A call
 that ends early cancels its ``Cancellation`` with the reason; nothing cancels a task for it.
+The usual unary call alone skips it: ``unary_request`` and ``answer`` make its moves in one
+step each (destinations read off the same table), with the side effects ``_move`` would
+apply for them, and no others are possible there (unit tests compare both ways).
 """
 
 from __future__ import annotations
