@@ -152,8 +152,9 @@ def tensor_bytes(tensor: Tensor) -> bytes | memoryview:
     array = tensor.data
     if array.dtype != datatype.numpy:  # the usual array is already right: no call for it
         array = wire_array(tensor)
-    # A flat uint8 view: len() is the byte count and nothing is copied.
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+    # A flat uint8 view: len() is the byte count and nothing is copied (``ravel`` copies
+    # only an array that is not C-contiguous, which a view needs).
+    return array.ravel().view(np.uint8).data
 
 
 def serialize_bytes(data: np.ndarray) -> bytes:
