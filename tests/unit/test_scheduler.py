@@ -50,6 +50,32 @@ def test_one_request_per_execute_without_dynamic_batching() -> None:
     assert a.stage is RequestStage.DONE
 
 
+def test_a_request_that_finds_an_instance_free_is_counted_as_if_it_was_queued() -> None:
+    clock = ManualClock()
+    scheduler = ModelScheduler("m", 1, SchedulerPolicy(), clock=clock)
+    instance = FakeInstance("i0")
+    scheduler.add_instances([instance])
+    a = request("a", clock=clock)
+    clock.advance(3 * MS)
+    scheduler.enqueue(a)
+    assert instance.batches == [[a]] and a.stage is RequestStage.EXECUTING
+    stats = scheduler.stats
+    assert (stats.pending, stats.executing) == (0, 1)
+    assert (stats.queue.count, stats.queue.ns) == (1, 3 * MS)
+
+
+def test_a_request_cancelled_before_its_callback_ran_skips_a_free_instance() -> None:
+    scheduler = ModelScheduler("m", 1, SchedulerPolicy())
+    instance = FakeInstance("i0")
+    scheduler.add_instances([instance])
+    a = request("a")
+    a.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)  # callbacks not run yet
+    scheduler.enqueue(a)
+    assert instance.batches == [] and a.stage is RequestStage.DONE
+    assert scheduler.stats.cancellations[("CLIENT_DISCONNECTED", "queued")] == 1
+    assert scheduler.stats.pending == 0
+
+
 def test_dynamic_batches_respect_max_batch_size() -> None:
     policy = SchedulerPolicy(max_batch_size=4, dynamic_batching=True)
     scheduler = ModelScheduler("m", 1, policy)

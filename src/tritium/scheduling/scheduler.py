@@ -28,6 +28,7 @@ __all__ = ["Instance", "ModelScheduler", "QueuePolicy", "SchedulerPolicy", "Time
 
 log = logging.getLogger("tritium.scheduler")
 
+_QUEUED = RequestStage.QUEUED
 _EXECUTING = RequestStage.EXECUTING
 _DONE = RequestStage.DONE
 
@@ -60,6 +61,10 @@ class ModelScheduler:
         # not CANCELED, when they finish (which removes them from here).
         self._rejected: set[AdmittedRequest] = set()
         self._ordered = OrderedDelivery() if policy.preserve_ordering else None
+        # No batcher to wait for and no queue timeout to arm: a request that finds an
+        # instance free and nothing queued would be pushed and popped at once, so it goes
+        # straight to the instance (``enqueue``).
+        self._straight = self._batcher is None and self._deadlines is None
 
     # -- instances ---------------------------------------------------------------
     def add_instances(self, instances: Sequence[Instance]) -> None:
@@ -97,6 +102,12 @@ class ModelScheduler:
             raise self._not_accepting()
         if self._bounded:
             self._check_room(request)
+        if (self._straight and self._idle and not self._queue.size
+                and request.cancellation.reason is None):
+            request.move_to(_QUEUED)  # through the queue's stage, as every request goes
+            self.stats.pending += 1
+            self._start([request], self._idle.pop())
+            return
         self._queue.push(request)
         self.stats.pending += 1
         if self._deadlines is not None:
