@@ -1,0 +1,118 @@
+"""User-space CPU instructions the server executes per identity inference, HTTP and gRPC.
+
+Timings on a small shared machine wander by 10-20 % from run to run; an instruction count
+does not. This starts ``tritium serve`` on the bundled example repository under valgrind's
+callgrind, warms it up, zeroes the counters, sends N requests one at a time (HTTP: the binary
+tensor extension over one keep-alive socket; gRPC: ModelInfer over one channel, with a
+deadline, as perf_analyzer-like clients send), dumps the counters and divides. Every thread
+of the server is counted (the event loop and the instance threads); the kernel's share
+(system calls, wake-ups) is not.
+
+    python bench/instructions.py [--requests 1000] [--protocols http grpc] [--tree PATH ...]
+
+``--tree`` measures the ``src/`` of other checkouts too (e.g. a ``git worktree`` of an older
+commit), one line each, for before/after comparisons in one run. Needs valgrind (Debian
+package ``valgrind``); the server runs some 50x slower under it, so startup takes a while.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grpc_infer
+import http_infer
+from driver import REPOSITORY, TritiumProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+WARM_UP = 300
+_CONTENT_LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
+
+
+def send_http(port: int, count: int) -> None:
+    request = http_infer.request_bytes("identity", 16)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for _ in range(count):
+            sock.sendall(request)
+            received = b""
+            while True:
+                piece = sock.recv(65536)
+                if not piece:
+                    raise ConnectionError("the server closed the connection")
+                received += piece
+                head, blank, body = received.partition(b"\r\n\r\n")
+                if blank:
+                    length = _CONTENT_LENGTH.search(head)
+                    if length is not None and len(body) >= int(length.group(1)):
+                        break
+
+
+def send_grpc(url: str, count: int) -> None:
+    payload = grpc_infer.request_bytes("identity", 16)
+    with grpc.insecure_channel(url) as channel:
+        call = channel.unary_unary(grpc_infer.METHOD)
+        for _ in range(count):
+            call(payload, timeout=60)
+
+
+def dumped_instructions(directory: Path, pid: int) -> int:
+    """The counters that ``callgrind_control --dump`` wrote (not the one written at exit)."""
+    total = 0
+    for dump in directory.glob(f"callgrind.{pid}.*"):
+        found = re.search(r"^summary: (\d+)", dump.read_text(errors="replace"), re.MULTILINE)
+        if found:
+            total += int(found.group(1))
+    return total
+
+
+def measure(tree: Path, protocol: str, requests: int) -> int:
+    """Instructions per request of the server from ``tree``'s sources."""
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        server = TritiumProcess(REPOSITORY, env={"PYTHONPATH": str(tree / "src")})
+        server.args = ["valgrind", "--tool=callgrind",
+                       f"--callgrind-out-file={directory}/callgrind.%p", *server.args]
+        server.start(timeout=600)
+        try:
+            def send(count: int) -> None:
+                if protocol == "http":
+                    send_http(server.http_port, count)
+                else:
+                    send_grpc(server.grpc_url, count)
+
+            send(WARM_UP)
+            subprocess.run(["callgrind_control", "--zero", str(server.pid)], check=True,
+                           capture_output=True)
+            send(requests)
+            subprocess.run(["callgrind_control", "--dump", str(server.pid)], check=True,
+                           capture_output=True)
+            return dumped_instructions(directory, server.pid) // requests
+        finally:
+            server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--protocols", nargs="+", choices=["http", "grpc"],
+                        default=["http", "grpc"])
+    parser.add_argument("--tree", type=Path, nargs="*", default=[],
+                        help="other checkouts to measure besides this one")
+    args = parser.parse_args()
+    for protocol in args.protocols:
+        for tree in [ROOT, *args.tree]:
+            count = measure(tree.resolve(), protocol, args.requests)
+            print(f"{protocol:4s}  {count:9,d} instructions/infer  ({tree})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
