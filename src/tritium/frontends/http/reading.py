@@ -102,7 +102,7 @@ class RequestReader(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if self._rejection is None and isinstance(exc, httptools.HttpParserCallbackError):
                 logger.error("HTTP parser callback failed", exc_info=exc.__context__)
-            self._reject(self._rejection or Rejection(400, f"malformed HTTP request: {exc}"))
+            self._reject(self._rejection or self._malformed(exc))
             return
         if self._phase is not Phase.BODY and self._raw_head_bytes > self._max_header_bytes:
             self._reject(self._head_too_large())
@@ -134,8 +134,10 @@ class RequestReader(asyncio.Protocol):
         # Per-request state is reset here, where the parser calls anyway, not after a message.
         self._phase = Phase.HEAD
         self._head_started = self._body_started = self._clock.now
-        self._head_size = 0  # request line + headers seen by the callbacks
         self._url = b""
+        # What joining repeated headers in ``_headers`` took out of the head's size: their
+        # names and separators (see _head_size).
+        self._joined_size = 0
         self._headers: dict[str, str] = {}
         self._body_parts: list[bytes] = []
         self._body_size = 0
@@ -144,27 +146,40 @@ class RequestReader(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # Called for every header line, so the head's size is not summed here but once, at
+        # its end (_head_size): the raw byte count data_received checks after each slice of
+        # at most _SLICE bytes bounds what a head over the limit can grow to meanwhile.
         if self._phase is Phase.BODY:
             return  # a trailer after a chunked body: not part of the request's headers
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > self._max_header_bytes:
-            self._fail(self._head_too_large())
         key = _HEADER_NAMES.get(name) or _header_name(name)
         headers = self._headers
         if key in headers:
-            if key == "host":  # RFC 9112 §3.2: which host is meant cannot be told
-                self._fail(Rejection(400, "request has more than one Host header"))
-            headers[key] += ", " + value.decode("latin-1")
+            self._join_header(key, value.decode("latin-1"))
         else:
             headers[key] = value.decode("latin-1")
+
+    def _join_header(self, key: str, value: str) -> None:
+        self._headers[key] += ", " + value
+        self._joined_size += len(key) + 2
+        # A head over the limit is refused as such, whatever follows the line that broke it.
+        if self._head_size() > self._max_header_bytes:
+            self._fail(self._head_too_large())
+        if key == "host":  # RFC 9112 §3.2: which host is meant cannot be told
+            self._fail(Rejection(400, "request has more than one Host header"))
+
+    def _head_size(self) -> int:
+        """The target and header lines parsed so far: each line counts its name, value, ": "
+        and CRLF, repeated names included."""
+        headers = self._headers
+        return (len(self._url) + sum(map(len, headers)) + sum(map(len, headers.values()))
+                + 4 * len(headers) + self._joined_size)
 
     def on_headers_complete(self) -> None:
         self._phase = Phase.BODY
         self._body_started = self._clock.now
-        if self._head_size > self._max_header_bytes:
+        if self._head_size() > self._max_header_bytes:
             self._fail(self._head_too_large())
         headers = self._headers
         length = headers.get("content-length")
@@ -228,6 +243,13 @@ class RequestReader(asyncio.Protocol):
         # Raising inside a callback stops the parser; data_received picks the reason up.
         self._rejection = rejection
         raise rejection
+
+    def _malformed(self, exc: httptools.HttpParserError) -> Rejection:
+        # Headers past the limit come first, as if their size were checked at each line.
+        if (self._phase is Phase.HEAD and self._headers
+                and self._head_size() > self._max_header_bytes):
+            return self._head_too_large()
+        return Rejection(400, f"malformed HTTP request: {exc}")
 
     def _head_too_large(self) -> Rejection:
         limit = self._max_header_bytes
