@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import operator
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -54,12 +55,15 @@ class _Progress(enum.Enum):
     COMPLETE = "whole response queued"
 
 
+# One header line from a (name, value) pair; mapped over the headers, it formats them all in
+# one C call rather than a Python loop per response.
+_header_line = "%s: %s\r\n".__mod__
+
+
 def encode_head(status: int, headers: list[tuple[str, str]], tail: str) -> bytes:
     """Status line, the app's headers, the transport's own (``tail``), then the blank line."""
-    head = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n"
-    for name, value in headers:
-        head += f"{name}: {value}\r\n"
-    return f"{head}{tail}\r\n".encode("latin-1")
+    status_line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n"
+    return f"{status_line}{''.join(map(_header_line, headers))}{tail}\r\n".encode("latin-1")
 
 
 def encode_error(status: int, message: str) -> bytes:
@@ -68,8 +72,12 @@ def encode_error(status: int, message: str) -> bytes:
     return encode_head(status, _JSON, f"Content-Length: {len(body)}\r\n{_CLOSE}") + body
 
 
-def _nbytes(part: BodyPart) -> int:
-    return part.nbytes if isinstance(part, memoryview) else len(part)
+# A part's size in bytes, through a view of it (a typed view's len() counts items): all in
+# C, with no Python call per part.
+_nbytes = operator.attrgetter("nbytes")
+_view: Callable[[BodyPart], memoryview] = memoryview
+# Statuses whose responses have no body, whatever their Content-Length says.
+_BODYLESS = frozenset((*range(100, 200), 204, 304))
 
 
 def _byte_view(part: BodyPart) -> BodyPart:
@@ -105,7 +113,10 @@ class HttpExchange:
 
     def respond(self, status: int, headers: list[tuple[str, str]], body: Body = b"") -> None:
         """Queue the whole response; the transport adds Content-Length and Connection."""
-        self._advance(_Progress.NONE, _Progress.COMPLETE)
+        # _advance, inline: this runs for every response.
+        if self._progress is not _Progress.NONE:
+            self._advance(_Progress.NONE, _Progress.COMPLETE)  # raises
+        self._progress = _Progress.COMPLETE
         if self.disconnected:
             return
         request = self.request
@@ -118,9 +129,9 @@ class HttpExchange:
             parts = [body]
         else:
             parts = body if isinstance(body, list) else [body]
-            size = sum(map(_nbytes, parts))
+            size = sum(map(_nbytes, map(_view, parts)))
         head = encode_head(status, headers, f"Content-Length: {size}\r\n{connection}")
-        if request.method == "HEAD" or status < 200 or status in (204, 304):
+        if status in _BODYLESS or request.method == "HEAD":
             size = 0  # no body on the wire, whatever Content-Length says
         self._write(head, parts, size)
         if closing:
