@@ -74,31 +74,29 @@ def decode_infer_request(
     shape, batch size, byte size) before any input's data is decoded. Tensors whose
     parameters name a ``shared_memory`` region are read from (outputs: written to) it.
     """
-    state = GrpcRequestState(message.model_version)
+    # Each read of a message field is a lookup by name in C: every field is read once.
+    version_text = message.model_version
+    state = GrpcRequestState(version_text)
     request = InferenceRequest(
         model_name=message.model_name,
         inputs={},
-        model_version=parse_version(message.model_version) if message.model_version else None,
+        model_version=parse_version(version_text) if version_text else None,
         id=message.id,
         frontend_state=state,
     )
-    if message.parameters:
-        _apply_parameters(request, state, message.parameters)
-    inputs = request.inputs
-    for name, datatype, shape, count, raw, values in _plan_inputs(
-            message, request.id, model, shared_memory):
-        if raw is None:
-            assert values is not None
-            inputs[name] = _tensor_from_values(name, datatype, shape, values)
-        elif datatype is DataType.BYTES:
-            inputs[name] = _tensor_from_checked_raw(name, datatype, shape, count, raw)
-        else:  # a view of the bytes read; sizes were checked when planned
-            inputs[name] = Tensor(name, datatype, shape,
-                                  np.frombuffer(raw, dtype=datatype.numpy).reshape(shape))
-    if message.outputs:
+    params = message.parameters
+    if params:
+        _apply_parameters(request, state, params)
+    raw = message.raw_input_contents
+    items = message.inputs[:]  # sliced, not iterated: see request_bytes
+    if raw and len(raw) != len(items):
+        _check_raw_count(len(raw), items, request.id)
+    _decode_inputs(message, items, raw, request, model, shared_memory)
+    outputs = message.outputs
+    if outputs:
         request.requested_outputs = [_decode_output(output, state, shared_memory)
-                                     for output in message.outputs]
-    request.checked_for = model  # every input passed check_input for it (see _plan_inputs)
+                                     for output in outputs[:]]
+    request.checked_for = model  # every input passed check_input for it (see _decode_inputs)
     return request
 
 
@@ -106,8 +104,10 @@ def request_bytes(message: pb.ModelInferRequest) -> int:
     """About how many bytes decoding ``message`` touches, from what its inputs claim: each
     read of a raw contents field copies it, and a claim too small is refused before long."""
     size = 0
-    for item in message.inputs:
-        shape = item.shape
+    # Repeated fields are sliced, not iterated: their iteration ends on an IndexError,
+    # which costs more than the rest of this loop.
+    for item in message.inputs[:]:
+        shape = item.shape[:]
         count = math.prod(shape) if len(shape) <= 64 else 0
         size += count * _CLAIMED_ITEMSIZE.get(item.datatype, 4)
         if item.HasField("contents"):
@@ -119,71 +119,96 @@ def request_bytes(message: pb.ModelInferRequest) -> int:
 # What request_bytes weighs an element of each wire datatype at (BYTES: a pointer's half).
 _CLAIMED_ITEMSIZE = {datatype.wire: datatype.itemsize or 4 for datatype in DataType}
 
-# An input checked, its data not decoded yet: name, datatype, shape, element count, and its
-# raw bytes or (raw None) its typed values.
-_Planned = tuple[str, DataType, tuple[int, ...], int, "bytes | bytearray | None",
+# An input checked whose data may still fail to decode (BYTES, typed contents): name,
+# datatype, shape, element count, and its raw bytes or (raw None) its typed values.
+_Pending = tuple[str, DataType, tuple[int, ...], int, "bytes | bytearray | None",
                  "Sequence[Any] | None"]
 
 
-def _plan_inputs(
-    message: pb.ModelInferRequest, request_id: str, model: ModelHandle | None,
-    shared_memory: SharedMemoryRegistry | None = None,
-) -> list[_Planned]:
-    """Every input checked (against ``model`` too, when given), none of their data decoded."""
-    raw = message.raw_input_contents
-    items = message.inputs
-    # Inputs in shared memory have no raw entry: the others take theirs in order.
-    if raw and len(raw) != len(items) and len(raw) != _raw_count(items):
-        raise invalid(
-            f"{_prefix(request_id)}expected {_raw_count(items)} entries in "
-            f"raw_input_contents, one per input, but got {len(raw)}"
-        )
-    planned: dict[str, _Planned] = {}
+def _decode_inputs(
+    message: pb.ModelInferRequest, items: list[Any], raw: Sequence[bytes],
+    request: InferenceRequest, model: ModelHandle | None,
+    shared_memory: SharedMemoryRegistry | None,
+) -> None:
+    """Every input checked (against ``model`` too, when given), then decoded into
+    ``request.inputs`` in the message's order.
+
+    Fixed-size raw data cannot fail to decode once its size is checked, so it becomes a
+    tensor at once; data that can (BYTES, typed contents) waits until every input passed."""
+    request_id = request.id
+    inputs = request.inputs
+    pending: list[_Pending] = []
     next_raw = 0
+    data: bytes | bytearray
     for item in items:
         name = item.name
-        if name in planned:
+        if name in inputs:
             raise invalid(f"{_prefix(request_id)}input '{name}' is given more than once")
-        region = None
-        if item.parameters:
-            region = shm.input_slice(item, message.model_name, shared_memory)
-        datatype = DataType.from_wire(item.datatype)
+        region = (shm.input_slice(item, message.model_name, shared_memory) if item.parameters
+                  else None)
+        wire = item.datatype
+        datatype = DataType.from_wire(wire)
         if datatype is None:
-            raise invalid(f"invalid datatype '{item.datatype}' for input '{name}'")
-        shape = _shape(item.shape, name)
+            raise invalid(f"invalid datatype '{wire}' for input '{name}'")
+        shape = tuple(item.shape[:])
+        if min(shape, default=0) < 0:  # one C call, not a Python loop over the dimensions
+            raise invalid(f"input '{name}' has a negative dimension in shape {list(shape)}")
         count = element_count(name, shape, request_id)
         if model is not None:
             check_input(model, name, datatype, shape, request_id)
         if region is not None:
             _check_raw_size(name, datatype, shape, count, region)  # before anything is read
             data = region.read()
-            planned[name] = (name, datatype, shape, count, data, None)
         elif raw:
             if item.HasField("contents"):
                 raise invalid(
                     f"{_prefix(request_id)}contents field must not be specified when using "
-                    f"raw_input_contents for input '{item.name}' for model '{message.model_name}'"
+                    f"raw_input_contents for input '{name}' for model '{message.model_name}'"
                 )
             data = raw[next_raw]  # a copy, each time it is read
             next_raw += 1
-            if datatype is not DataType.BYTES and len(data) != count * datatype.itemsize:
-                _check_raw_size(name, datatype, shape, count, data)  # raises
-            planned[name] = (name, datatype, shape, count, data, None)
         else:
             values = _typed_values(name, datatype, shape, count, item.contents)
-            planned[name] = (name, datatype, shape, count, None, values)
-    return list(planned.values())
+            pending.append((name, datatype, shape, count, None, values))
+            inputs[name] = _UNDECODED  # holds the input's place in the order
+            continue
+        if datatype is DataType.BYTES:
+            pending.append((name, datatype, shape, count, data, None))
+            inputs[name] = _UNDECODED
+        elif len(data) == count * datatype.itemsize:
+            inputs[name] = Tensor(name, datatype, shape,
+                                  np.frombuffer(data, dtype=datatype.numpy).reshape(shape))
+        else:
+            _check_raw_size(name, datatype, shape, count, data)  # raises
+    if pending:
+        _decode_pending(inputs, pending)
+
+
+def _check_raw_count(given: int, items: list[Any], request_id: str) -> None:
+    # Inputs in shared memory have no raw entry: the others take theirs in order.
+    expected = _raw_count(items)
+    if given != expected:
+        raise invalid(
+            f"{_prefix(request_id)}expected {expected} entries in "
+            f"raw_input_contents, one per input, but got {given}"
+        )
+
+
+def _decode_pending(inputs: dict[str, Tensor], pending: list[_Pending]) -> None:
+    for name, datatype, shape, count, data, values in pending:
+        if data is None:
+            assert values is not None
+            inputs[name] = _tensor_from_values(name, datatype, shape, values)
+        else:
+            inputs[name] = _tensor_from_checked_raw(name, datatype, shape, count, data)
+
+
+# The place of an input decoded once every input is checked (replaced before return).
+_UNDECODED = Tensor("", DataType.BYTES, (), np.empty(0, dtype=object))
 
 
 def _prefix(request_id: str) -> str:
     return f"[request id: {request_id or '<id_unknown>'}] "
-
-
-def _shape(dims: Iterable[int], tensor: str) -> tuple[int, ...]:
-    shape = tuple(dims)
-    if shape and min(shape) < 0:  # one C call, not a Python loop over the dimensions
-        raise invalid(f"input '{tensor}' has a negative dimension in shape {list(shape)}")
-    return shape
 
 
 def tensor_from_raw(name: str, datatype: DataType, shape: tuple[int, ...], raw: bytes) -> Tensor:
