@@ -85,6 +85,9 @@ def plan_inputs(
     if type(items) is not list:
         raise field_error(doc, "inputs", messages.JSON_NOT_ARRAY)
     request_id = request.id or "<id_unknown>"
+    if len(items) == 1:  # the usual request: no other input its name could clash with
+        return [_plan_input(items[0], reader, request_id, request.model_name, limit, model,
+                            shared_memory)]
     planned: dict[str, PlannedInput] = {}
     for item in items:
         plan = _plan_input(item, reader, request_id, request.model_name, limit, model,
@@ -107,13 +110,13 @@ def _plan_input(
     shared_memory: SharedMemoryRegistry | None = None,
 ) -> PlannedInput:
     if type(item) is not dict:  # Triton finds none of the data fields in it
-        raise _source_error((False, False, False))
+        raise _source_error({}, {})
     params = item.get("parameters", _NO_PARAMETERS)
     if type(params) is not dict:
         raise invalid("Unable to parse 'parameters': expected a JSON object")
-    found = ("data" in item, "binary_data_size" in params, "shared_memory_region" in params)
-    if found[0] + found[1] + found[2] != 1:
-        raise _source_error(found)
+    binary = "binary_data_size" in params
+    if binary + ("data" in item) + ("shared_memory_region" in params) != 1:
+        raise _source_error(item, params)
     name = item.get("name")
     if type(name) is not str:
         raise field_error(item, "name", messages.JSON_NOT_STRING)
@@ -127,8 +130,8 @@ def _plan_input(
     count = element_count(name, shape, request_id)
     if model is not None:
         check_input(model, name, datatype, shape, request_id)
-    if found[1] or found[2]:
-        if found[1]:
+    if binary or "data" not in item:
+        if binary:
             size = params["binary_data_size"]
             if type(size) is not int or size < 0:
                 raise invalid(messages.JSON_NOT_UNSIGNED.format(key="binary_data_size"))
@@ -136,7 +139,8 @@ def _plan_input(
         else:
             chunk = _shared_memory_chunk(params, shared_memory, datatype, count,
                                          InputLabel(name, model_name, request_id))
-        if datatype is not DataType.BYTES and len(chunk) != count * datatype.itemsize:
+        # The size is compared first: it is what the usual input is refused or passed on.
+        if len(chunk) != count * datatype.itemsize and datatype is not DataType.BYTES:
             raise _binary_size_error(InputLabel(name, model_name, request_id), datatype, count,
                                      chunk)
         return (name, datatype, shape, count, chunk, None)
@@ -174,7 +178,8 @@ def field_error(doc: dict[str, Any], key: str, wrong_type: str) -> TritiumError:
 _SOURCES = (_Source.JSON, _Source.BINARY, _Source.SHARED_MEMORY)
 
 
-def _source_error(found: tuple[bool, bool, bool]) -> TritiumError:
+def _source_error(item: dict[str, Any], params: dict[str, Any]) -> TritiumError:
+    found = ("data" in item, "binary_data_size" in params, "shared_memory_region" in params)
     pairs = zip(_SOURCES, found, strict=True)
     named = [f"'{source.value}'" for source, present in pairs if present]
     detail = " set " + " ".join(named) if named else " no field is set"
@@ -184,12 +189,13 @@ def _source_error(found: tuple[bool, bool, bool]) -> TritiumError:
     )
 
 
+# Checks of every dimension at once, in C: no Python loop per dimension of every input.
+_only_ints = frozenset((int,)).issuperset
+
+
 def _shape(value: Any) -> tuple[int, ...]:
     if type(value) is list:
-        for dim in value:
-            if type(dim) is not int or dim < 0:
-                break
-        else:
+        if _only_ints(map(type, value)) and min(value, default=0) >= 0:
             return tuple(value)
         raise invalid(messages.JSON_NOT_UNSIGNED.format(key="shape"))
     if value is _MISSING:
