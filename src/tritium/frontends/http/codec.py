@@ -47,6 +47,8 @@ from tritium.frontends.http.tensor_data import (
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
+_JSON_TYPE = ("Content-Type", JSON_CONTENT_TYPE)
+_BINARY_TYPE = ("Content-Type", BINARY_CONTENT_TYPE)
 
 Body = bytes | bytearray | memoryview
 
@@ -200,6 +202,7 @@ def _request_id(doc: dict[str, Any]) -> str:
 
 
 _SCALAR_TYPES = frozenset((str, int, float, bool))
+_only_scalars = _SCALAR_TYPES.issuperset
 _OUTPUT_NAMES = ValueNames(unsigned=messages.JSON_SET_NOT_UNSIGNED)
 _RESERVED_PARAMETERS = frozenset(("headers",))
 
@@ -234,8 +237,7 @@ def scalar_parameter(key: str, value: Any) -> ParamValue:
 
 def _decode_outputs(doc: dict[str, Any], options: HttpOutputOptions,
                     shared_memory: SharedMemoryRegistry | None) -> list[RequestedOutput] | None:
-    if "outputs" not in doc:
-        return None
+    """The ``outputs`` the request lists (the caller saw that it has the member)."""
     items = doc["outputs"]
     if type(items) is not list:
         raise invalid(messages.JSON_NOT_ARRAY.format(key="outputs"))
@@ -261,7 +263,9 @@ def _decode_output(item: Any, options: HttpOutputOptions,
         parse_bool("binary_data", params["binary_data"])
     if "classification" in params:
         parse_unsigned("classification", params["classification"], _OUTPUT_NAMES)
-    kept = {key: value for key, value in params.items() if type(value) in _SCALAR_TYPES}
+    # Usually every parameter is a scalar, and the request's own dict is kept as it is.
+    kept = params if _only_scalars(map(type, params.values())) else {
+        key: value for key, value in params.items() if type(value) in _SCALAR_TYPES}
     return RequestedOutput(name, kept)
 
 
@@ -280,9 +284,8 @@ def encode_infer_response(
     if spliced is not None:
         return _assemble(header, spliced, blobs)
     if blobs:
-        return [("Content-Type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(len(header)))], \
-            [header, *blobs]
-    return [("Content-Type", JSON_CONTENT_TYPE)], [header]
+        return [_BINARY_TYPE, (HEADER_LENGTH, str(len(header)))], [header, *blobs]
+    return [_JSON_TYPE], [header]
 
 
 def stream_infer_response(
@@ -295,7 +298,7 @@ def stream_infer_response(
     header, spliced, blobs = _encode(response, request)
     if spliced is None or blobs or spliced.has_bytes:
         return _assemble(header, spliced, blobs)
-    return [("Content-Type", JSON_CONTENT_TYPE)], spliced.join(header)
+    return [_JSON_TYPE], spliced.join(header)
 
 
 def _assemble(header: bytes, spliced: _Spliced | None, blobs: list[Part]
@@ -303,9 +306,9 @@ def _assemble(header: bytes, spliced: _Spliced | None, blobs: list[Part]
     parts = [header] if spliced is None else list(spliced.join(header))
     if blobs:
         size = sum(map(len, parts))
-        headers = [("Content-Type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(size))]
+        headers = [_BINARY_TYPE, (HEADER_LENGTH, str(size))]
     else:
-        headers = [("Content-Type", JSON_CONTENT_TYPE)]
+        headers = [_JSON_TYPE]
     return headers, [*parts, *blobs]
 
 
@@ -335,7 +338,7 @@ def _encode(
         if options.shm_outputs is not None and tensor.name in options.shm_outputs:
             entries.append(_shared_memory_entry(tensor, options.shm_outputs[tensor.name]))
             continue
-        if type(classes) is int and classes > 0:
+        if classes and type(classes) is int and classes > 0:  # most ask for no classes
             tensor = classify(tensor, classes, served is not None and served.batched,
                               None if served is None else served.labels)
         entry = _output_entry(tensor, binary, blobs)
