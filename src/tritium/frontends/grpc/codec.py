@@ -76,7 +76,10 @@ def decode_infer_request(
     """
     # Each read of a message field is a lookup by name in C: every field is read once.
     version_text = message.model_version
-    state = GrpcRequestState(version_text)
+    params = message.parameters
+    outputs = message.outputs
+    # The usual request names no version, parameters or outputs: it has no state to keep.
+    state = GrpcRequestState(version_text) if version_text or params or outputs else None
     request = InferenceRequest(
         model_name=message.model_name,
         inputs={},
@@ -84,16 +87,14 @@ def decode_infer_request(
         id=message.id,
         frontend_state=state,
     )
-    params = message.parameters
-    if params:
+    if state is not None and params:
         _apply_parameters(request, state, params)
     raw = message.raw_input_contents
     items = message.inputs[:]  # sliced, not iterated: see request_bytes
     if raw and len(raw) != len(items):
         _check_raw_count(len(raw), items, request.id)
     _decode_inputs(message, items, raw, request, model, shared_memory)
-    outputs = message.outputs
-    if outputs:
+    if state is not None and outputs:
         request.requested_outputs = [_decode_output(output, state, shared_memory)
                                      for output in outputs[:]]
     request.checked_for = model  # every input passed check_input for it (see _decode_inputs)
@@ -443,11 +444,28 @@ def _response_without_contents(
         model_version="" if served is None else str(served.version),
         id=request.id,
     )
+    outputs = message.outputs
+    raws: list[bytes | memoryview] = []
+    if request.frontend_state is None and request.requested_outputs is None:
+        # The usual reply (see decode_infer_request): every output, none in shared memory.
+        for tensor in response.outputs:
+            outputs.add(name=tensor.name, datatype=tensor.datatype.wire, shape=tensor.shape)
+            raws.append(_raw_output(tensor))
+    else:
+        _add_chosen_outputs(response, request, outputs, raws)
+    if response.parameters:
+        set_parameters(message.parameters, response.parameters)
+    return message, raws
+
+
+def _add_chosen_outputs(response: InferenceResponse, request: InferenceRequest, outputs: Any,
+                        raws: list[bytes | memoryview]) -> None:
+    """The outputs requested (their top classes, where a classification is asked for), or
+    all; those bound to a shared memory region are written there, their raw entry empty."""
+    served = response.served_by
     wanted = None if request.requested_outputs is None else _class_counts(request)
     state = request.frontend_state
     in_shm = state.shm_outputs if isinstance(state, GrpcRequestState) else None
-    outputs = message.outputs
-    raws: list[bytes | memoryview] = []
     for tensor in response.outputs:
         if wanted is not None:
             if tensor.name not in wanted:
@@ -463,9 +481,6 @@ def _response_without_contents(
             raws.append(b"")
             continue
         raws.append(_raw_output(tensor))
-    if response.parameters:
-        set_parameters(message.parameters, response.parameters)
-    return message, raws
 
 
 def _class_counts(request: InferenceRequest) -> dict[str, int] | None:
