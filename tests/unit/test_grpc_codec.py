@@ -517,14 +517,25 @@ def test_long_typed_contents_are_converted_in_slices() -> None:
     expect_error(ErrorCode.INVALID_ARG, message, "out of range for INT16")
 
 
-def test_request_bytes_are_what_the_inputs_claim() -> None:
-    assert codec.request_bytes(raw_message("FP32", [4, 2], b"")) == 32
-    assert codec.request_bytes(raw_message("BYTES", [5], b"")) == 20
-    assert codec.request_bytes(raw_message("FP32", [1] * 65, b"")) == 0
+def small(message: pb.ModelInferRequest, limit: int) -> InferenceRequest | None:
+    return codec.decode_small_request(message, None, None, limit)
+
+
+def test_a_small_decode_gives_way_to_what_the_inputs_claim() -> None:
+    fp32 = raw_message("FP32", [4, 2], bytes(32))
+    assert small(fp32, 32) is not None and small(fp32, 31) is None
+    assert small(raw_message("BYTES", [5], b""), 19) is None  # 4 a BYTES element
+    assert small(raw_message("FP32", [2**40], b""), 2**20) is None  # before the size check
     typed = infer_message()
     typed.inputs.add(name="INPUT0", datatype="FP32", shape=[3]).contents.fp32_contents.extend(
         [1.0, 2.0, 3.0])
-    assert codec.request_bytes(typed) == 12 + 24
+    assert small(typed, 12 + 24) is not None and small(typed, 12 + 23) is None
+    # What the inputs before the claim raise is raised, as the full decode would.
+    bad = raw_message("FP32", [-1], b"")
+    bad.inputs.add(name="INPUT1", datatype="FP32", shape=[2**40])
+    bad.raw_input_contents.append(b"")
+    with pytest.raises(TritiumError, match="negative dimension"):
+        small(bad, 2**20)
 
 
 def test_bytes_past_the_claimed_count_are_not_walked() -> None:

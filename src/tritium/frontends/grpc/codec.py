@@ -74,6 +74,35 @@ def decode_infer_request(
     shape, batch size, byte size) before any input's data is decoded. Tensors whose
     parameters name a ``shared_memory`` region are read from (outputs: written to) it.
     """
+    request = _decode(message, model, shared_memory, math.inf)
+    assert request is not None  # no limit: never deferred
+    return request
+
+
+def decode_small_request(
+    message: pb.ModelInferRequest, model: ModelHandle | None,
+    shared_memory: SharedMemoryRegistry | None, limit: int,
+) -> InferenceRequest | None:
+    """``decode_infer_request``, or None once its inputs claim to take more than ``limit``
+    bytes to decode, before the data of the input that passed it is read: such a request
+    is decoded again, in full, off the event loop. What the inputs before it raise is what
+    that decode would raise first, so the answer is the same either way.
+
+    An input claims its element count times its itemsize (BYTES: 4), and typed contents 8
+    more per value (converted only once every input is checked): each read of a raw
+    contents field copies it, and a claim too small is refused before long."""
+    try:
+        return _decode(message, model, shared_memory, limit)
+    except _Deferred:
+        return None
+
+
+class _Deferred(Exception):
+    """The inputs claimed more bytes than a decode on the event loop may take."""
+
+
+def _decode(message: pb.ModelInferRequest, model: ModelHandle | None,
+            shared_memory: SharedMemoryRegistry | None, limit: float) -> InferenceRequest:
     # Each read of a message field is a lookup by name in C: every field is read once.
     version_text = message.model_version
     params = message.parameters
@@ -90,10 +119,12 @@ def decode_infer_request(
     if state is not None and params:
         _apply_parameters(request, state, params)
     raw = message.raw_input_contents
-    items = message.inputs[:]  # sliced, not iterated: see request_bytes
+    # Repeated fields are sliced, not iterated: their iteration ends on an IndexError,
+    # which costs more than the rest of the loop over them.
+    items = message.inputs[:]
     if raw and len(raw) != len(items):
         _check_raw_count(len(raw), items, request.id)
-    _decode_inputs(message, items, raw, request, model, shared_memory)
+    _decode_inputs(message, items, raw, request, model, shared_memory, limit)
     if state is not None and outputs:
         request.requested_outputs = [_decode_output(output, state, shared_memory)
                                      for output in outputs[:]]
@@ -101,24 +132,9 @@ def decode_infer_request(
     return request
 
 
-def request_bytes(message: pb.ModelInferRequest) -> int:
-    """About how many bytes decoding ``message`` touches, from what its inputs claim: each
-    read of a raw contents field copies it, and a claim too small is refused before long."""
-    size = 0
-    # Repeated fields are sliced, not iterated: their iteration ends on an IndexError,
-    # which costs more than the rest of this loop.
-    for item in message.inputs[:]:
-        shape = item.shape[:]
-        count = math.prod(shape) if len(shape) <= 64 else 0
-        size += count * _CLAIMED_ITEMSIZE.get(item.datatype, 4)
-        if item.HasField("contents"):
-            contents = item.contents
-            size += 8 * sum(len(getattr(contents, field)) for field in _CONTENT_FIELDS)
-    return size
+# What an element of each datatype claims (see decode_small_request).
+_CLAIMED_ITEMSIZE = {datatype: datatype.itemsize or 4 for datatype in DataType}
 
-
-# What request_bytes weighs an element of each wire datatype at (BYTES: a pointer's half).
-_CLAIMED_ITEMSIZE = {datatype.wire: datatype.itemsize or 4 for datatype in DataType}
 
 # An input checked whose data may still fail to decode (BYTES, typed contents): name,
 # datatype, shape, element count, and its raw bytes or (raw None) its typed values.
@@ -129,10 +145,10 @@ _Pending = tuple[str, DataType, tuple[int, ...], int, "bytes | bytearray | None"
 def _decode_inputs(
     message: pb.ModelInferRequest, items: list[Any], raw: Sequence[bytes],
     request: InferenceRequest, model: ModelHandle | None,
-    shared_memory: SharedMemoryRegistry | None,
+    shared_memory: SharedMemoryRegistry | None, limit: float,
 ) -> None:
     """Every input checked (against ``model`` too, when given), then decoded into
-    ``request.inputs`` in the message's order.
+    ``request.inputs`` in the message's order; _Deferred once they claim over ``limit``.
 
     Fixed-size raw data cannot fail to decode once its size is checked, so it becomes a
     tensor at once; data that can (BYTES, typed contents) waits until every input passed."""
@@ -140,6 +156,7 @@ def _decode_inputs(
     inputs = request.inputs
     pending: list[_Pending] = []
     next_raw = 0
+    claimed = 0
     data: bytes | bytearray
     for item in items:
         name = item.name
@@ -157,6 +174,9 @@ def _decode_inputs(
         count = element_count(name, shape, request_id)
         if model is not None:
             check_input(model, name, datatype, shape, request_id)
+        claimed += count * _CLAIMED_ITEMSIZE[datatype]
+        if claimed > limit:
+            raise _Deferred
         if region is not None:
             _check_raw_size(name, datatype, shape, count, region)  # before anything is read
             data = region.read()
@@ -170,19 +190,19 @@ def _decode_inputs(
             next_raw += 1
         else:
             values = _typed_values(name, datatype, shape, count, item.contents)
+            claimed += 8 * count  # checked before any is converted (_decode_pending)
             pending.append((name, datatype, shape, count, None, values))
             inputs[name] = _UNDECODED  # holds the input's place in the order
             continue
-        if datatype is DataType.BYTES:
-            pending.append((name, datatype, shape, count, data, None))
-            inputs[name] = _UNDECODED
-        elif len(data) == count * datatype.itemsize:
+        if datatype is not DataType.BYTES and len(data) == count * datatype.itemsize:
             inputs[name] = Tensor(name, datatype, shape,
                                   np.frombuffer(data, dtype=datatype.numpy).reshape(shape))
         else:
-            _check_raw_size(name, datatype, shape, count, data)  # raises
+            _check_raw_size(name, datatype, shape, count, data)  # raises, unless BYTES
+            pending.append((name, datatype, shape, count, data, None))
+            inputs[name] = _UNDECODED
     if pending:
-        _decode_pending(inputs, pending)
+        _decode_pending(inputs, pending, limit - claimed)
 
 
 def _check_raw_count(given: int, items: list[Any], request_id: str) -> None:
@@ -195,7 +215,9 @@ def _check_raw_count(given: int, items: list[Any], request_id: str) -> None:
         )
 
 
-def _decode_pending(inputs: dict[str, Tensor], pending: list[_Pending]) -> None:
+def _decode_pending(inputs: dict[str, Tensor], pending: list[_Pending], room: float) -> None:
+    if room < 0:  # typed contents claimed too much
+        raise _Deferred
     for name, datatype, shape, count, data, values in pending:
         if data is None:
             assert values is not None
@@ -250,9 +272,6 @@ _TYPED_FIELDS: dict[DataType, str] = {
     DataType.FP64: "fp64_contents",
     DataType.BYTES: "bytes_contents",
 }
-
-
-_CONTENT_FIELDS = tuple(sorted(set(_TYPED_FIELDS.values())))
 
 
 def tensor_from_contents(

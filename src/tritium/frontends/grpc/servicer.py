@@ -133,12 +133,13 @@ class InferenceServicer:
         service = self.service
         version = codec.parse_version(message.model_version) if message.model_version else None
         model = service.model(message.model_name, version)
-        if codec.request_bytes(message) > offload.INLINE_BYTES:
+        request = codec.decode_small_request(message, model, self.shared_memory,
+                                             offload.INLINE_BYTES)
+        if request is None:  # too big to decode on the loop
             request = await offload.run(codec.decode_infer_request, message, model,
                                         self.shared_memory)
             resolved = None  # awaited: the repository may have changed since
         else:
-            request = codec.decode_infer_request(message, model, self.shared_memory)
             resolved = model  # no await since it was looked up: still the one
         if self.header_forward is not None:
             request.parameters.update(forwarded(self.header_forward, call))
@@ -245,9 +246,10 @@ async def decode_request(service: InferenceService, message: Any,
     inputs are checked against it before any data is decoded, and a big message is decoded
     off the event loop."""
     model = service.model(message.model_name, codec.parse_version(message.model_version))
-    if codec.request_bytes(message) > offload.INLINE_BYTES:
-        return await offload.run(codec.decode_infer_request, message, model, shared_memory)
-    return codec.decode_infer_request(message, model, shared_memory)
+    request = codec.decode_small_request(message, model, shared_memory, offload.INLINE_BYTES)
+    if request is None:
+        request = await offload.run(codec.decode_infer_request, message, model, shared_memory)
+    return request
 
 
 class HealthServicer:
