@@ -74,14 +74,14 @@ def decode_infer_request(
     shape, batch size, byte size) before any input's data is decoded. Tensors whose
     parameters name a ``shared_memory`` region are read from (outputs: written to) it.
     """
-    request = _decode(message, model, shared_memory, math.inf)
+    request = decode_small_request(message, model, shared_memory, math.inf)
     assert request is not None  # no limit: never deferred
     return request
 
 
 def decode_small_request(
     message: pb.ModelInferRequest, model: ModelHandle | None,
-    shared_memory: SharedMemoryRegistry | None, limit: int,
+    shared_memory: SharedMemoryRegistry | None, limit: float,
 ) -> InferenceRequest | None:
     """``decode_infer_request``, or None once its inputs claim to take more than ``limit``
     bytes to decode, before the data of the input that passed it is read: such a request
@@ -91,18 +91,6 @@ def decode_small_request(
     An input claims its element count times its itemsize (BYTES: 4), and typed contents 8
     more per value (converted only once every input is checked): each read of a raw
     contents field copies it, and a claim too small is refused before long."""
-    try:
-        return _decode(message, model, shared_memory, limit)
-    except _Deferred:
-        return None
-
-
-class _Deferred(Exception):
-    """The inputs claimed more bytes than a decode on the event loop may take."""
-
-
-def _decode(message: pb.ModelInferRequest, model: ModelHandle | None,
-            shared_memory: SharedMemoryRegistry | None, limit: float) -> InferenceRequest:
     # Each read of a message field is a lookup by name in C: every field is read once.
     version_text = message.model_version
     params = message.parameters
@@ -124,12 +112,19 @@ def _decode(message: pb.ModelInferRequest, model: ModelHandle | None,
     items = message.inputs[:]
     if raw and len(raw) != len(items):
         _check_raw_count(len(raw), items, request.id)
-    _decode_inputs(message, items, raw, request, model, shared_memory, limit)
+    try:
+        _decode_inputs(message, items, raw, request, model, shared_memory, limit)
+    except _Deferred:
+        return None
     if state is not None and outputs:
         request.requested_outputs = [_decode_output(output, state, shared_memory)
                                      for output in outputs[:]]
     request.checked_for = model  # every input passed check_input for it (see _decode_inputs)
     return request
+
+
+class _Deferred(Exception):
+    """The inputs claimed more bytes than a decode on the event loop may take."""
 
 
 # What an element of each datatype claims (see decode_small_request).
@@ -428,18 +423,11 @@ def encode_infer_response(
     for raw in raws:
         # Field 6 (raw_output_contents), length-delimited: the protobuf wire format puts it
         # after fields 1-5, exactly where the message's own serialization would.
-        size = len(raw)
-        pieces.append(_RAW_OUTPUT_KEYS[size] if size < _KEYED_SIZES else
-                      _RAW_OUTPUT_KEY + _varint(size))
-        pieces.append(raw)
+        pieces += (_RAW_OUTPUT_KEYS[len(raw)], raw)
     return pieces
 
 
 _RAW_OUTPUT_KEY = bytes(((6 << 3) | 2,))
-
-
-# The key and length of raw outputs of up to 4 KiB, encoded once: the usual reply's.
-_KEYED_SIZES = 4096
 
 
 def _varint(value: int) -> bytes:
@@ -451,7 +439,15 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-_RAW_OUTPUT_KEYS = [_RAW_OUTPUT_KEY + _varint(size) for size in range(_KEYED_SIZES)]
+class _RawOutputKeys(dict[int, bytes]):
+    """Field 6's key and a length, by the length: those of up to 4 KiB (the usual reply's)
+    are encoded once, so that a lookup runs no Python; longer ones on each use."""
+
+    def __missing__(self, size: int) -> bytes:
+        return _RAW_OUTPUT_KEY + _varint(size)
+
+
+_RAW_OUTPUT_KEYS = _RawOutputKeys((size, _RAW_OUTPUT_KEY + _varint(size)) for size in range(4096))
 
 
 def _response_without_contents(
