@@ -279,6 +279,38 @@ def test_head_over_the_limit_gets_431(run: Runner, complete: bool) -> None:
     run(scenario())
 
 
+def test_unfinished_head_over_the_limit_after_a_pipelined_request_gets_431(run: Runner) -> None:
+    # The second head begins within the read that ends the first request: its header lines,
+    # not the bytes counted since it began, show it is over the limit.
+    async def scenario() -> None:
+        async with serving(echo, max_header_bytes=1024) as server:
+            reader, writer = await connect(server)
+            lines = "".join(f"X-{n}: {'a' * 90}\r\n" for n in range(20))
+            writer.write(request_bytes() + f"GET / HTTP/1.1\r\nHost: t\r\n{lines}".encode())
+            assert (await read_response(reader)).status == 200
+            assert_json_error(await read_response(reader), 431, "1024")
+            await assert_closed(reader)
+            writer.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("repeat", ["X-Big", "Host"])
+def test_repeated_header_over_the_limit_gets_431(run: Runner, repeat: str) -> None:
+    async def scenario() -> None:
+        async with serving(echo, max_header_bytes=1024) as server:
+            reader, writer = await connect(server)
+            # Refused for its size even where the repeat itself is refused too (Host).
+            host = "" if repeat == "Host" else "Host: t\r\n"
+            lines = f"{host}{repeat}: t\r\n{repeat}: {'a' * 1100}\r\n"
+            writer.write(f"GET / HTTP/1.1\r\n{lines}\r\n".encode())
+            assert_json_error(await read_response(reader), 431, "1024")
+            await assert_closed(reader)
+            writer.close()
+
+    run(scenario())
+
+
 @pytest.mark.parametrize("framing", ["length", "chunked"])
 def test_body_over_the_limit_gets_413_naming_the_flag(run: Runner, framing: str) -> None:
     async def scenario() -> None:

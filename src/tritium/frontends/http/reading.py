@@ -89,10 +89,11 @@ class RequestReader(asyncio.Protocol):
     def data_received(self, data: bytes | memoryview) -> None:
         if self._discard_input:
             return
-        if (len(data) > _SLICE or self._unparsed) and self._took_large(data):
+        size = len(data)
+        if (size > _SLICE or self._unparsed) and self._took_large(data):
             return
         if self._phase is not Phase.BODY:
-            self._raw_head_bytes += len(data)
+            self._raw_head_bytes += size
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -104,7 +105,15 @@ class RequestReader(asyncio.Protocol):
                 logger.error("HTTP parser callback failed", exc_info=exc.__context__)
             self._reject(self._rejection or self._malformed(exc))
             return
-        if self._phase is not Phase.BODY and self._raw_head_bytes > self._max_header_bytes:
+        if self._raw_head_bytes > self._max_header_bytes or self._phase is Phase.HEAD:
+            self._check_head()
+
+    def _check_head(self) -> None:
+        """After a read, refuse a head over the limit: in bytes received since it began, or
+        in what was parsed of it (it may have begun within a read those bytes miss)."""
+        if self._phase is Phase.BODY:
+            return
+        if self._raw_head_bytes > self._max_header_bytes or self._parsed_head_too_large():
             self._reject(self._head_too_large())
 
     def _took_large(self, data: bytes | memoryview) -> bool:
@@ -148,9 +157,9 @@ class RequestReader(asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Called for every header line, so the head's size is not summed here but once, at
-        # its end (_head_size): the raw byte count data_received checks after each slice of
-        # at most _SLICE bytes bounds what a head over the limit can grow to meanwhile.
+        # Called for every header line, so the head's size is not summed here but at its end
+        # and after each read (_check_head): a head over the limit grows by at most one read
+        # (of _SLICE bytes at most) before it is refused.
         if self._phase is Phase.BODY:
             return  # a trailer after a chunked body: not part of the request's headers
         key = _HEADER_NAMES.get(name) or _header_name(name)
@@ -220,7 +229,7 @@ class RequestReader(asyncio.Protocol):
         if self._discard_input:
             return  # pipelined after a request that closes the connection
         url = self._url
-        if url[:1] != b"/":
+        if not url.startswith(b"/"):
             url = _origin_form(url)
         path, _, query = url.partition(b"?")
         parts = self._body_parts
@@ -229,7 +238,7 @@ class RequestReader(asyncio.Protocol):
             path.decode("latin-1"),
             query.decode("latin-1") if query else "",
             self._headers,
-            parts[0] if len(parts) == 1 else b"".join(parts),
+            b"".join(parts),  # of one part, that part itself: no copy
             self._version,
             self._keep_alive,
         )
@@ -246,10 +255,14 @@ class RequestReader(asyncio.Protocol):
 
     def _malformed(self, exc: httptools.HttpParserError) -> Rejection:
         # Headers past the limit come first, as if their size were checked at each line.
-        if (self._phase is Phase.HEAD and self._headers
-                and self._head_size() > self._max_header_bytes):
+        if self._parsed_head_too_large():
             return self._head_too_large()
         return Rejection(400, f"malformed HTTP request: {exc}")
+
+    def _parsed_head_too_large(self) -> bool:
+        """Whether the header lines of an unfinished head passed the limit."""
+        return (self._phase is Phase.HEAD and bool(self._headers)
+                and self._head_size() > self._max_header_bytes)
 
     def _head_too_large(self) -> Rejection:
         limit = self._max_header_bytes
