@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import operator
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -55,15 +54,12 @@ class _Progress(enum.Enum):
     COMPLETE = "whole response queued"
 
 
-# One header line from a (name, value) pair; mapped over the headers, it formats them all in
-# one C call rather than a Python loop per response.
-_header_line = "%s: %s\r\n".__mod__
-
-
 def encode_head(status: int, headers: list[tuple[str, str]], tail: str) -> bytes:
     """Status line, the app's headers, the transport's own (``tail``), then the blank line."""
-    status_line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n"
-    return f"{status_line}{''.join(map(_header_line, headers))}{tail}\r\n".encode("latin-1")
+    head = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n"
+    for name, value in headers:
+        head += f"{name}: {value}\r\n"
+    return f"{head}{tail}\r\n".encode("latin-1")
 
 
 def encode_error(status: int, message: str) -> bytes:
@@ -72,10 +68,10 @@ def encode_error(status: int, message: str) -> bytes:
     return encode_head(status, _JSON, f"Content-Length: {len(body)}\r\n{_CLOSE}") + body
 
 
-# A part's size in bytes, through a view of it (a typed view's len() counts items): all in
-# C, with no Python call per part.
-_nbytes = operator.attrgetter("nbytes")
-_view: Callable[[BodyPart], memoryview] = memoryview
+def _nbytes(part: BodyPart) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
 # Statuses whose responses have no body, whatever their Content-Length says.
 _BODYLESS = frozenset((*range(100, 200), 204, 304))
 
@@ -129,7 +125,7 @@ class HttpExchange:
             parts = [body]
         else:
             parts = body if isinstance(body, list) else [body]
-            size = sum(map(_nbytes, map(_view, parts)))
+            size = sum(map(_nbytes, parts))
         head = encode_head(status, headers, f"Content-Length: {size}\r\n{connection}")
         if status in _BODYLESS or request.method == "HEAD":
             size = 0  # no body on the wire, whatever Content-Length says

@@ -89,11 +89,10 @@ class RequestReader(asyncio.Protocol):
     def data_received(self, data: bytes | memoryview) -> None:
         if self._discard_input:
             return
-        size = len(data)
-        if (size > _SLICE or self._unparsed) and self._took_large(data):
+        if (len(data) > _SLICE or self._unparsed) and self._took_large(data):
             return
         if self._phase is not Phase.BODY:
-            self._raw_head_bytes += size
+            self._raw_head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -103,17 +102,9 @@ class RequestReader(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if self._rejection is None and isinstance(exc, httptools.HttpParserCallbackError):
                 logger.error("HTTP parser callback failed", exc_info=exc.__context__)
-            self._reject(self._rejection or self._malformed(exc))
+            self._reject(self._rejection or Rejection(400, f"malformed HTTP request: {exc}"))
             return
-        if self._raw_head_bytes > self._max_header_bytes or self._phase is Phase.HEAD:
-            self._check_head()
-
-    def _check_head(self) -> None:
-        """After a read, refuse a head over the limit: in bytes received since it began, or
-        in what was parsed of it (it may have begun within a read those bytes miss)."""
-        if self._phase is Phase.BODY:
-            return
-        if self._raw_head_bytes > self._max_header_bytes or self._parsed_head_too_large():
+        if self._phase is not Phase.BODY and self._raw_head_bytes > self._max_header_bytes:
             self._reject(self._head_too_large())
 
     def _took_large(self, data: bytes | memoryview) -> bool:
@@ -143,10 +134,8 @@ class RequestReader(asyncio.Protocol):
         # Per-request state is reset here, where the parser calls anyway, not after a message.
         self._phase = Phase.HEAD
         self._head_started = self._body_started = self._clock.now
+        self._head_size = 0  # request line + headers seen by the callbacks
         self._url = b""
-        # What joining repeated headers in ``_headers`` took out of the head's size: their
-        # names and separators (see _head_size).
-        self._joined_size = 0
         self._headers: dict[str, str] = {}
         self._body_parts: list[bytes] = []
         self._body_size = 0
@@ -155,40 +144,27 @@ class RequestReader(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Called for every header line, so the head's size is not summed here but at its end
-        # and after each read (_check_head): a head over the limit grows by at most one read
-        # (of _SLICE bytes at most) before it is refused.
         if self._phase is Phase.BODY:
             return  # a trailer after a chunked body: not part of the request's headers
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > self._max_header_bytes:
+            self._fail(self._head_too_large())
         key = _HEADER_NAMES.get(name) or _header_name(name)
         headers = self._headers
         if key in headers:
-            self._join_header(key, value.decode("latin-1"))
+            if key == "host":  # RFC 9112 §3.2: which host is meant cannot be told
+                self._fail(Rejection(400, "request has more than one Host header"))
+            headers[key] += ", " + value.decode("latin-1")
         else:
             headers[key] = value.decode("latin-1")
-
-    def _join_header(self, key: str, value: str) -> None:
-        self._headers[key] += ", " + value
-        self._joined_size += len(key) + 2
-        # A head over the limit is refused as such, whatever follows the line that broke it.
-        if self._head_size() > self._max_header_bytes:
-            self._fail(self._head_too_large())
-        if key == "host":  # RFC 9112 §3.2: which host is meant cannot be told
-            self._fail(Rejection(400, "request has more than one Host header"))
-
-    def _head_size(self) -> int:
-        """The target and header lines parsed so far: each line counts its name, value, ": "
-        and CRLF, repeated names included."""
-        headers = self._headers
-        return (len(self._url) + sum(map(len, headers)) + sum(map(len, headers.values()))
-                + 4 * len(headers) + self._joined_size)
 
     def on_headers_complete(self) -> None:
         self._phase = Phase.BODY
         self._body_started = self._clock.now
-        if self._head_size() > self._max_header_bytes:
+        if self._head_size > self._max_header_bytes:
             self._fail(self._head_too_large())
         headers = self._headers
         length = headers.get("content-length")
@@ -229,7 +205,7 @@ class RequestReader(asyncio.Protocol):
         if self._discard_input:
             return  # pipelined after a request that closes the connection
         url = self._url
-        if not url.startswith(b"/"):
+        if url[:1] != b"/":
             url = _origin_form(url)
         path, _, query = url.partition(b"?")
         parts = self._body_parts
@@ -238,7 +214,7 @@ class RequestReader(asyncio.Protocol):
             path.decode("latin-1"),
             query.decode("latin-1") if query else "",
             self._headers,
-            b"".join(parts),  # of one part, that part itself: no copy
+            parts[0] if len(parts) == 1 else b"".join(parts),
             self._version,
             self._keep_alive,
         )
@@ -252,17 +228,6 @@ class RequestReader(asyncio.Protocol):
         # Raising inside a callback stops the parser; data_received picks the reason up.
         self._rejection = rejection
         raise rejection
-
-    def _malformed(self, exc: httptools.HttpParserError) -> Rejection:
-        # Headers past the limit come first, as if their size were checked at each line.
-        if self._parsed_head_too_large():
-            return self._head_too_large()
-        return Rejection(400, f"malformed HTTP request: {exc}")
-
-    def _parsed_head_too_large(self) -> bool:
-        """Whether the header lines of an unfinished head passed the limit."""
-        return (self._phase is Phase.HEAD and bool(self._headers)
-                and self._head_size() > self._max_header_bytes)
 
     def _head_too_large(self) -> Rejection:
         limit = self._max_header_bytes
