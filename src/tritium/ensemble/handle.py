@@ -12,7 +12,7 @@ from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.inflight import InFlight
 from tritium.core.request import AdmittedRequest, RequestStage
 from tritium.core.response import InferenceResponse, ServedBy
-from tritium.core.statistics import Duration, ModelStatistics
+from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
 from tritium.ensemble.graph import EnsembleGraph
 from tritium.ensemble.limits import StepLimits
@@ -164,12 +164,7 @@ class EnsembleModel:
             return
         stats.success.add(elapsed)
         stats.inference_count += request.batch_size
-        stats.execution_count += 1
-        stats.compute_input.add(0)
-        stats.compute_infer.add(times.compute_ns)
-        stats.compute_output.add(0)
-        stats.batches.setdefault(request.batch_size, Duration()).add(times.compute_ns)
-        stats.batch_requests[1] += 1
+        stats.record_execution(request.batch_size, 1, times.compute_ns)
         stats.last_inference_ms = time.time_ns() // 1_000_000
 
     # -- lifecycle (as LoadedModel's) --------------------------------------------
