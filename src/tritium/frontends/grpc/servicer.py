@@ -14,6 +14,7 @@ from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.header_forward import HeaderForward
 from tritium.core.inflight import InFlight
+from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
 from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.service import InferenceService
@@ -131,10 +132,7 @@ class InferenceServicer:
     async def ModelInfer(self, message: Any, call: Call) -> list[bytes | memoryview]:
         # The call's cancellation: the transport cancels it however the call ends early.
         service = self.service
-        version = codec.parse_version(message.model_version) if message.model_version else None
-        model = service.model(message.model_name, version)
-        request = codec.decode_small_request(message, model, self.shared_memory,
-                                             offload.INLINE_BYTES)
+        model, request = _decode_on_loop(service, message, self.shared_memory)
         if request is None:  # too big to decode on the loop
             request = await offload.run(codec.decode_infer_request, message, model,
                                         self.shared_memory)
@@ -245,11 +243,20 @@ async def decode_request(service: InferenceService, message: Any,
     """Decode a ModelInferRequest for the model version it names, which must be ready: the
     inputs are checked against it before any data is decoded, and a big message is decoded
     off the event loop."""
-    model = service.model(message.model_name, codec.parse_version(message.model_version))
-    request = codec.decode_small_request(message, model, shared_memory, offload.INLINE_BYTES)
+    model, request = _decode_on_loop(service, message, shared_memory)
     if request is None:
         request = await offload.run(codec.decode_infer_request, message, model, shared_memory)
     return request
+
+
+def _decode_on_loop(service: InferenceService, message: Any,
+                    shared_memory: SharedMemoryRegistry | None
+                    ) -> tuple[ModelHandle, InferenceRequest | None]:
+    """The model the message names, and the request decoded here, or None when its inputs
+    claim more than a decode on the event loop may take (then it is decoded off it)."""
+    model = service.model(message.model_name, codec.parse_version(message.model_version))
+    return model, codec.decode_small_request(message, model, shared_memory,
+                                             offload.INLINE_BYTES)
 
 
 class HealthServicer:
