@@ -276,19 +276,22 @@ class InferenceService:
         for ``submit``)."""
         stream = self.submit(request, cancellation, allow_decoupled=False, model=model)
         response = await stream.receive()
-        # The usual answer, final and alone, is returned here without another coroutine.
-        if response.final and response.error is None and not response.flag_only:
-            return response
-        return await _single_response(stream, response, messages.INFER_ONE_RESPONSE)
+        return response if _lone(response) else await _single_response(
+            stream, response, messages.INFER_ONE_RESPONSE)
 
     async def generate(self, request: InferenceRequest, cancellation: Cancellation
                        ) -> InferenceResponse:
         """One request, exactly one response, decoupled models allowed."""
         stream = self.submit(request, cancellation, allow_decoupled=True)
         response = await stream.receive()
-        if response.final and response.error is None and not response.flag_only:
-            return response
-        return await _single_response(stream, response, messages.GENERATE_ONE_RESPONSE)
+        return response if _lone(response) else await _single_response(
+            stream, response, messages.GENERATE_ONE_RESPONSE)
+
+
+def _lone(response: InferenceResponse) -> bool:
+    """Whether a stream's first response is its whole answer: final, not an error, not a
+    bare flag. The usual case, settled without awaiting ``_single_response``."""
+    return response.final and response.error is None and not response.flag_only
 
 
 async def _single_response(stream: ResponseStream, response: InferenceResponse,
