@@ -54,11 +54,12 @@ def trailers_block(status: int, message: str, headers_sent: bool) -> bytes:
     return header_block(*fields)
 
 
-def length_prefixed(body: bytes) -> bytes:
-    """A gRPC message on the wire: uncompressed flag, 4-byte length, bytes."""
-    return b"\x00" + len(body).to_bytes(4, "big") + body
-
-
 def message_of(pieces: list[Chunk], size: int) -> bytes:
-    """``length_prefixed`` for a body serialized in pieces (``size`` bytes in all)."""
+    """A gRPC message on the wire (uncompressed flag, 4-byte length, bytes) for a body
+    serialized in ``pieces``, ``size`` bytes in all."""
     return b"".join([b"\x00", size.to_bytes(4, "big"), *pieces])
+
+
+def length_prefixed(body: bytes) -> bytes:
+    """``message_of`` a body in one piece."""
+    return message_of([body], len(body))
