@@ -79,24 +79,16 @@ class ThreadPlacement:
             _set(self._everywhere)
             _policy(_NORMAL)
 
-    # widen and narrow run around every batch: each makes its system call itself rather
-    # than through _set, a Python call less.
     def widen(self) -> None:
         """Let a settled thread use every allowed core while it runs model code (until
         ``narrow``); one system call, as the thread stays a batch thread."""
         if self._home:
-            try:
-                os.sched_setaffinity(0, self._everywhere)
-            except OSError as exc:
-                _not_set(self._everywhere, exc)
+            _set(self._everywhere)
 
     def narrow(self) -> None:
         """Back to the home core after ``widen``."""
         if self._home:
-            try:
-                os.sched_setaffinity(0, self._home)
-            except OSError as exc:
-                _not_set(self._home, exc)
+            _set(self._home)
 
     def unrestricted_executor(self) -> ThreadPoolExecutor | None:
         """An executor whose threads run anywhere (they may import and run model code); None
@@ -126,13 +118,8 @@ def _policy(policy: int) -> None:
 def _set(cores: frozenset[int]) -> None:
     try:
         os.sched_setaffinity(0, cores)
-    except OSError as exc:
-        _not_set(cores, exc)
-
-
-def _not_set(cores: frozenset[int], exc: OSError) -> None:
-    # A cgroup may have taken cores away since startup.
-    log.debug("cannot set thread affinity to %s: %s", sorted(cores), exc)
+    except OSError as exc:  # a cgroup may have taken cores away since startup
+        log.debug("cannot set thread affinity to %s: %s", sorted(cores), exc)
 
 
 def _idlest_core(allowed: frozenset[int], preferred: int, sample_s: float = 0.05) -> int:
