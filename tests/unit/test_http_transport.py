@@ -265,50 +265,42 @@ def test_expect_continue_with_a_body_over_the_limit_gets_413_at_once(run: Runner
     run(scenario())
 
 
-@pytest.mark.parametrize("complete", [True, False])
-def test_head_over_the_limit_gets_431(run: Runner, complete: bool) -> None:
+def assert_head_refused(run: Runner, sent: bytes, answered_before: int = 0) -> None:
+    """``sent`` holds a head over a 1024-byte limit (after ``answered_before`` requests that
+    are answered): it gets 431 and the connection closes."""
     async def scenario() -> None:
         async with serving(echo, max_header_bytes=1024) as server:
             reader, writer = await connect(server)
-            head = b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 4000
-            writer.write(head + b"\r\n\r\n" if complete else head)
+            writer.write(sent)
+            for _ in range(answered_before):
+                assert (await read_response(reader)).status == 200
             assert_json_error(await read_response(reader), 431, "1024")
             await assert_closed(reader)
             writer.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_head_over_the_limit_gets_431(run: Runner, complete: bool) -> None:
+    head = b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 4000
+    assert_head_refused(run, head + b"\r\n\r\n" if complete else head)
 
 
 def test_unfinished_head_over_the_limit_after_a_pipelined_request_gets_431(run: Runner) -> None:
     # The second head begins within the read that ends the first request: its header lines,
     # not the bytes counted since it began, show it is over the limit.
-    async def scenario() -> None:
-        async with serving(echo, max_header_bytes=1024) as server:
-            reader, writer = await connect(server)
-            lines = "".join(f"X-{n}: {'a' * 90}\r\n" for n in range(20))
-            writer.write(request_bytes() + f"GET / HTTP/1.1\r\nHost: t\r\n{lines}".encode())
-            assert (await read_response(reader)).status == 200
-            assert_json_error(await read_response(reader), 431, "1024")
-            await assert_closed(reader)
-            writer.close()
-
-    run(scenario())
+    lines = "".join(f"X-{n}: {'a' * 90}\r\n" for n in range(20))
+    assert_head_refused(run, request_bytes() + f"GET / HTTP/1.1\r\nHost: t\r\n{lines}".encode(),
+                        answered_before=1)
 
 
 @pytest.mark.parametrize("repeat", ["X-Big", "Host"])
 def test_repeated_header_over_the_limit_gets_431(run: Runner, repeat: str) -> None:
-    async def scenario() -> None:
-        async with serving(echo, max_header_bytes=1024) as server:
-            reader, writer = await connect(server)
-            # Refused for its size even where the repeat itself is refused too (Host).
-            host = "" if repeat == "Host" else "Host: t\r\n"
-            lines = f"{host}{repeat}: t\r\n{repeat}: {'a' * 1100}\r\n"
-            writer.write(f"GET / HTTP/1.1\r\n{lines}\r\n".encode())
-            assert_json_error(await read_response(reader), 431, "1024")
-            await assert_closed(reader)
-            writer.close()
-
-    run(scenario())
+    # Refused for its size even where the repeat itself is refused too (Host).
+    host = "" if repeat == "Host" else "Host: t\r\n"
+    lines = f"{host}{repeat}: t\r\n{repeat}: {'a' * 1100}\r\n"
+    assert_head_refused(run, f"GET / HTTP/1.1\r\n{lines}\r\n".encode())
 
 
 @pytest.mark.parametrize("framing", ["length", "chunked"])
