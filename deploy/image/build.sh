@@ -16,6 +16,7 @@ trap 'rm -rf "$work"' EXIT
 if [ -n "${REBUILD_BASE:-}" ] || ! podman image exists "$base"; then
     echo "== base root file system (mmdebstrap, bookworm minbase)"
     # tini: a tiny init that forwards signals and reaps; ca-certificates: pip over TLS.
+    # shellcheck disable=SC2016  # the hook's $1 is mmdebstrap's, not ours
     mmdebstrap --variant=minbase --include=python3,python3-venv,tini,ca-certificates \
         --aptopt='APT::Install-Recommends "false"' \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \

@@ -33,14 +33,17 @@ mapfile -t argv < <(jq -r '.[]' <<<"$(config Entrypoint)"; jq -r '.[]' <<<"$(con
 mapfile -t environment < <(jq -r '.[]' <<<"$(config Env)")
 user=$(jq -r . <<<"$(config User)")
 workdir=$(jq -r . <<<"$(config WorkingDir)")
+# The health check's exec form (["CMD", ...]), as a container engine would run it.
+mapfile -t health < <(jq -r '.Test[1:][]' <<<"$(config Healthcheck)")
 say "entrypoint + command: ${argv[*]}"
 say "user $user, working directory $workdir"
 
 # Inside the namespaces: loopback up, the root read-only, kernel file systems and writable
 # scratch mounted as a kubelet would, then the image's entrypoint as its user.
+# shellcheck disable=SC2016  # expanded by the inner bash, from its own arguments
 inner='
 set -e
-root=$1 user=$2 workdir=$3; shift 3
+root=$1 user=$2; shift 2
 ip link set lo up
 mount --bind "$root" "$root"
 mount -o remount,bind,ro "$root"
@@ -50,15 +53,13 @@ mount -t tmpfs -o size=1g,mode=1777 tmpfs "$root/dev/shm"
 mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
 exec chroot --userspec="$user" "$root" /usr/bin/env -i "${@}"
 '
-env_argv=()
-for assignment in "${environment[@]}"; do env_argv+=("$assignment"); done
 unshare --pid --fork --mount --net --propagation private \
-    bash -c "$inner" inner "$root" "$user" "$workdir" \
-    "${env_argv[@]}" /usr/bin/env --chdir="$workdir" "${argv[@]}" >"$log" 2>&1 &
+    bash -c "$inner" inner "$root" "$user" \
+    "${environment[@]}" /usr/bin/env --chdir="$workdir" "${argv[@]}" >"$log" 2>&1 &
 unshared=$!
 # The namespace's PID 1 (tini) is unshare's one child.
 for _ in $(seq 100); do
-    server=$(cat "/proc/$unshared/task/$unshared/children" 2>/dev/null | tr -d ' ') || true
+    server=$(tr -d ' ' <"/proc/$unshared/task/$unshared/children" 2>/dev/null) || true
     [ -n "$server" ] && break
     sleep 0.1
 done
@@ -75,6 +76,11 @@ say "it runs as uid $uid"
 [ "$uid" = 1000 ] || fail "not running as uid 1000"
 
 inside() { nsenter --net="/proc/$server/ns/net" "$@"; }
+healthcheck() {
+    if nsenter --target "$server" --net --mount --root --wd --setuid "${user%%:*}" \
+        --setgid "${user##*:}" /usr/bin/env -i "${environment[@]}" "${health[@]}" \
+        >/dev/null 2>&1; then echo healthy; else echo unhealthy; fi
+}
 status() { inside curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$1" || true; }
 
 for _ in $(seq 600); do
@@ -86,6 +92,9 @@ say "GET :8000/v2/health/live -> $(status 8000/v2/health/live)"
 ready=$(status 8000/v2/health/ready)
 say "GET :8000/v2/health/ready -> $ready"
 [ "$ready" = 200 ] || fail "not ready"
+verdict=$(healthcheck)
+say "HEALTHCHECK ${health[*]:0:1} ... -> $verdict"
+[ "$verdict" = healthy ] || fail "the image's health check fails on a ready server"
 
 body='{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3,4]},
 {"name":"INPUT1","shape":[4],"datatype":"FP32","data":[10,20,30,40]}]}'
@@ -98,10 +107,10 @@ successes=$(inside curl -sf --max-time 5 http://127.0.0.1:8002/metrics \
 say "GET :8002/metrics -> $successes"
 [ -n "$successes" ] || fail "no add_sub success counter on the metrics port"
 
-# A request in flight when SIGTERM comes (about 2 s of tokens) must finish, not fail.
+# A request in flight when SIGTERM comes (about 3 s of tokens) must finish, not fail.
 inside curl -s -o "$work/inflight.json" -w '%{http_code}' --max-time 60 \
     http://127.0.0.1:8000/v2/models/llm/generate \
-    -d '{"text_input": "drain me", "max_tokens": 100}' >"$work/inflight.code" &
+    -d '{"text_input": "drain me", "max_tokens": 150}' >"$work/inflight.code" &
 inflight=$!
 sleep 0.5
 say "SIGTERM to the entrypoint (pid $server)"
@@ -113,7 +122,10 @@ for _ in $(seq 100); do
 done
 say "GET :8000/v2/health/ready -> $ready"
 # Any answer but 200 fails a probe; tritonserver says 400.
-[ "$ready" != 200 ] && [ "$ready" != 000 ] || fail "still ready (or gone) after SIGTERM"
+case $ready in 200 | 000) fail "still ready (or gone) after SIGTERM" ;; esac
+verdict=$(healthcheck)
+say "HEALTHCHECK while draining -> $verdict"
+[ "$verdict" = unhealthy ] || fail "the image's health check passes a draining server"
 say "POST :8000/v2/models/add_sub/infer while going down -> $(inside curl -s -o /dev/null \
     -w '%{http_code}' --max-time 5 http://127.0.0.1:8000/v2/models/add_sub/infer -d "$body" \
     || true)"
@@ -131,4 +143,4 @@ echo "---"
 # The in-flight request counts with the BLS request it made.
 grep -Eq "shutdown complete: [1-9][0-9]* request\(s\) drained, 0 cancelled" "$log" \
     || fail "no drain log line"
-say "PASS: live, ready, inference, metrics, SIGTERM -> not ready -> drained -> exit 0"
+say "PASS: live, ready, healthy, inference, metrics, SIGTERM -> not ready -> drained -> exit 0"
