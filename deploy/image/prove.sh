@@ -76,10 +76,13 @@ say "it runs as uid $uid"
 [ "$uid" = 1000 ] || fail "not running as uid 1000"
 
 inside() { nsenter --net="/proc/$server/ns/net" "$@"; }
+# A command in the container, as its user: what a container engine's exec would run.
+in_image() {
+    nsenter --target "$server" --net --mount --root --wd --setuid "${user%%:*}" \
+        --setgid "${user##*:}" /usr/bin/env -i "${environment[@]}" "$@"
+}
 healthcheck() {
-    if nsenter --target "$server" --net --mount --root --wd --setuid "${user%%:*}" \
-        --setgid "${user##*:}" /usr/bin/env -i "${environment[@]}" "${health[@]}" \
-        >/dev/null 2>&1; then echo healthy; else echo unhealthy; fi
+    if in_image "${health[@]}" >/dev/null 2>&1; then echo healthy; else echo unhealthy; fi
 }
 status() { inside curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$1" || true; }
 
@@ -106,6 +109,22 @@ successes=$(inside curl -sf --max-time 5 http://127.0.0.1:8002/metrics \
     | grep '^nv_inference_request_success{model="add_sub"' || true)
 say "GET :8002/metrics -> $successes"
 [ -n "$successes" ] || fail "no add_sub success counter on the metrics port"
+# gRPC with the tritonclient the image carries (tritium depends on it).
+grpc_check='
+import numpy as np
+import tritonclient.grpc as grpcclient
+client = grpcclient.InferenceServerClient("127.0.0.1:8001")
+inputs = [grpcclient.InferInput(name, [4], "FP32") for name in ("INPUT0", "INPUT1")]
+inputs[0].set_data_from_numpy(np.array([1, 2, 3, 4], dtype=np.float32))
+inputs[1].set_data_from_numpy(np.array([10, 20, 30, 40], dtype=np.float32))
+result = client.infer("add_sub", inputs)
+print(f"ServerReady {client.is_server_ready()}, ModelInfer add_sub OUTPUT1",
+      result.as_numpy("OUTPUT1").tolist())
+'
+grpc_answer=$(in_image python3 -c "$grpc_check" 2>&1) || fail "gRPC: $grpc_answer"
+say "gRPC :8001 -> $grpc_answer"
+[ "$grpc_answer" = "ServerReady True, ModelInfer add_sub OUTPUT1 [-9.0, -18.0, -27.0, -36.0]" ] \
+    || fail "gRPC answered something else"
 
 # A request in flight when SIGTERM comes (about 3 s of tokens) must finish, not fail.
 inside curl -s -o "$work/inflight.json" -w '%{http_code}' --max-time 60 \
@@ -143,4 +162,4 @@ echo "---"
 # The in-flight request counts with the BLS request it made.
 grep -Eq "shutdown complete: [1-9][0-9]* request\(s\) drained, 0 cancelled" "$log" \
     || fail "no drain log line"
-say "PASS: live, ready, healthy, inference, metrics, SIGTERM -> not ready -> drained -> exit 0"
+say "PASS: live, ready, healthy, HTTP and gRPC inference, metrics, SIGTERM -> not ready -> drained -> exit 0"
