@@ -20,8 +20,6 @@ KUBERNETES = DEPLOY / "kubernetes"
 KSERVE = DEPLOY / "kserve"
 IMAGE = DEPLOY / "image"
 MODEL_STORE = "/mnt/models"
-# The server's default lame duck, for command lines that leave --lame-duck-secs out.
-DEFAULT_LAME_DUCK_SECS = 5.0
 
 Document = dict[str, Any]
 
@@ -60,10 +58,6 @@ def server_config(argv: list[str]) -> ServerConfig:
     assert argv[0] == "tritonserver", f"not a tritonserver command line: {argv}"
     args = [arg.replace(f"={MODEL_STORE}", f"={BUNDLED_REPOSITORY}") for arg in argv[1:]]
     return parse_config(["serve", *args])
-
-
-def lame_duck_secs(config: ServerConfig) -> float:
-    return float(getattr(config, "lame_duck_secs", DEFAULT_LAME_DUCK_SECS))
 
 
 def containerfile() -> dict[str, list[str]]:

@@ -126,12 +126,25 @@ say "gRPC :8001 -> $grpc_answer"
 [ "$grpc_answer" = "ServerReady True, ModelInfer add_sub OUTPUT1 [-9.0, -18.0, -27.0, -36.0]" ] \
     || fail "gRPC answered something else"
 
-# A request in flight when SIGTERM comes (about 3 s of tokens) must finish, not fail.
+# A request in flight from before SIGTERM until after the lame duck (about 8 s of tokens) is
+# drained: it finishes, it does not fail.
 inside curl -s -o "$work/inflight.json" -w '%{http_code}' --max-time 60 \
     http://127.0.0.1:8000/v2/models/llm/generate \
-    -d '{"text_input": "drain me", "max_tokens": 150}' >"$work/inflight.code" &
+    -d '{"text_input": "drain me", "max_tokens": 400}' >"$work/inflight.code" &
 inflight=$!
 sleep 0.5
+infer_status() {
+    inside curl -s -o /dev/null -w '%{http_code}' --max-time 5 \
+        http://127.0.0.1:8000/v2/models/add_sub/infer -d "$body" || true
+}
+logged() {
+    for _ in $(seq 600); do
+        grep -q "$1" "$log" && return 0
+        kill -0 "$server" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
 say "SIGTERM to the entrypoint (pid $server)"
 kill -TERM "$server"
 for _ in $(seq 100); do
@@ -143,11 +156,13 @@ say "GET :8000/v2/health/ready -> $ready"
 # Any answer but 200 fails a probe; tritonserver says 400.
 case $ready in 200 | 000) fail "still ready (or gone) after SIGTERM" ;; esac
 verdict=$(healthcheck)
-say "HEALTHCHECK while draining -> $verdict"
-[ "$verdict" = unhealthy ] || fail "the image's health check passes a draining server"
-say "POST :8000/v2/models/add_sub/infer while going down -> $(inside curl -s -o /dev/null \
-    -w '%{http_code}' --max-time 5 http://127.0.0.1:8000/v2/models/add_sub/infer -d "$body" \
-    || true)"
+say "HEALTHCHECK in the lame duck -> $verdict"
+[ "$verdict" = unhealthy ] || fail "the image's health check passes a server going down"
+during=$(infer_status)
+say "POST :8000/v2/models/add_sub/infer in the lame duck -> $during"
+[ "$during" = 200 ] || fail "a new request was refused during the lame duck"
+logged "lame duck over" || fail "no end of the lame duck in the log"
+say "lame duck over; POST :8000/v2/models/add_sub/infer while draining -> $(infer_status)"
 code=0
 wait "$unshared" || code=$?
 wait "$inflight" || true
@@ -162,4 +177,5 @@ echo "---"
 # The in-flight request counts with the BLS request it made.
 grep -Eq "shutdown complete: [1-9][0-9]* request\(s\) drained, 0 cancelled" "$log" \
     || fail "no drain log line"
-say "PASS: live, ready, healthy, HTTP and gRPC inference, metrics, SIGTERM -> not ready -> drained -> exit 0"
+say "PASS: live, ready, healthy, HTTP and gRPC inference, metrics; SIGTERM -> not ready," \
+    "still serving -> drained -> exit 0"

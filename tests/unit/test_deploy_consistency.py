@@ -20,7 +20,6 @@ from tests.deploy_files import (
     containerfile,
     exec_form,
     iter_probes,
-    lame_duck_secs,
     server_config,
     the,
 )
@@ -136,14 +135,14 @@ def test_selectors_match_the_pods() -> None:
 def test_the_grace_period_covers_lame_duck_and_drain() -> None:
     config = server_config(_deployment_container()["args"])
     grace = the("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace >= lame_duck_secs(config) + config.exit_timeout_secs + GRACE_MARGIN_S
+    assert grace >= config.lame_duck_secs + config.exit_timeout_secs + GRACE_MARGIN_S
 
 
 def test_readiness_notices_the_lame_duck_in_time() -> None:
     container = _deployment_container()
     probe = container["readinessProbe"]
     noticed_within = probe["periodSeconds"] * probe.get("failureThreshold", 3)
-    assert noticed_within <= lame_duck_secs(server_config(container["args"]))
+    assert noticed_within <= server_config(container["args"]).lame_duck_secs
 
 
 def test_startup_allows_minutes_for_model_loading() -> None:
