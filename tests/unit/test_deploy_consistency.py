@@ -138,6 +138,13 @@ def test_the_grace_period_covers_lame_duck_and_drain() -> None:
     assert grace >= config.lame_duck_secs + config.exit_timeout_secs + GRACE_MARGIN_S
 
 
+def test_each_inference_service_waits_for_the_drain() -> None:
+    config = server_config(_runtime_container()["args"])
+    for service in all_of("InferenceService"):
+        grace = service["spec"]["predictor"]["terminationGracePeriodSeconds"]
+        assert grace >= config.lame_duck_secs + config.exit_timeout_secs + GRACE_MARGIN_S
+
+
 def test_readiness_notices_the_lame_duck_in_time() -> None:
     container = _deployment_container()
     probe = container["readinessProbe"]
