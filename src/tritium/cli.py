@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-http", type=_bool, default=True)
     add("--allow-grpc", type=_bool, default=True)
     add("--allow-metrics", type=_bool, default=True)
+    add("--allow-cpu-metrics", type=_bool, default=True,
+        help="nv_cpu_utilization and nv_cpu_memory_*_bytes, read from /proc")
+    add("--metrics-interval-ms", type=_positive, default=2000,
+        help="how often per-interval metrics (CPU) and the live page's history are read")
     add("--allow-client-shm", type=_bool, default=False,
         help="let clients register system shared memory regions (/v2/systemsharedmemory, "
              "SystemSharedMemory*) and pass tensors through them")
@@ -250,6 +254,8 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
         model_control_mode=ControlMode(args.model_control_mode),
         load_models=tuple(args.load_models),
         repository_poll_secs=args.repository_poll_secs,

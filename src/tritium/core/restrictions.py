@@ -21,6 +21,8 @@ class ApiGroup(enum.Enum):
     STATISTICS = "statistics"
     TRACE = "trace"
     LOGGING = "logging"
+    # tritium's own: the read-only live page on the metrics port (/live, /live/state).
+    LIVE = "live"
 
 
 GROUP_NAMES = ", ".join(group.value for group in ApiGroup)
