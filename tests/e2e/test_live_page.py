@@ -45,7 +45,7 @@ def base(server: TritiumProcess) -> str:
 def state(server: TritiumProcess) -> dict[str, Any]:
     answer = requests.get(f"{base(server)}/live/state", timeout=10)
     assert answer.status_code == 200, answer.text
-    return answer.json()  # type: ignore[no-any-return]
+    return answer.json()
 
 
 def model_row(snapshot: dict[str, Any], name: str) -> dict[str, Any]:

@@ -76,9 +76,9 @@ class HostSampler:
     def __init__(self, stat: Path = PROC_STAT, meminfo: Path = PROC_MEMINFO):
         self._stat = stat
         self._meminfo = meminfo
+        self._warned = False
         self._last_times = self._read_times()
         self.reading = HostReading(0.0, 0, 0)
-        self._warned = False
 
     def poll(self) -> HostReading:
         times = self._read_times()
