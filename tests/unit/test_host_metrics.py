@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from tritium.cli import parse_config
 from tritium.metrics.host import (
     CpuTimes,
     HostCollector,
@@ -85,3 +86,16 @@ def test_gauges_have_tritons_names_and_no_labels(tmp_path: Path) -> None:
     assert "# TYPE nv_cpu_memory_total_bytes gauge\n" in text
     assert "\nnv_cpu_memory_used_bytes 1.536e+06\n" in text
     assert "\nnv_cpu_utilization 0.0\n" in text
+
+
+def test_flags_turn_cpu_metrics_off_and_set_the_interval() -> None:
+    default = parse_config(["serve"])
+    assert (default.allow_cpu_metrics, default.metrics_interval_ms) == (True, 2000)
+    config = parse_config(["serve", "--allow-cpu-metrics", "false", "--metrics-interval-ms", "250"])
+    assert (config.allow_cpu_metrics, config.metrics_interval_ms) == (False, 250)
+
+
+@pytest.mark.parametrize("interval", ["0", "-5", "soon"])
+def test_an_interval_must_be_a_positive_number(interval: str) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["serve", "--metrics-interval-ms", interval])
