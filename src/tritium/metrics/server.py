@@ -147,9 +147,12 @@ class MetricsServer:
         (two /proc files, a few counters per model) and run on the loop, where the
         statistics are written."""
         while True:
-            if self._host is not None:
-                self._host.poll()
-            self._history.sample(self._models())
+            try:
+                if self._host is not None:
+                    self._host.poll()
+                self._history.sample(self._models())
+            except Exception:  # a figure missing for one interval must not end the polling
+                log.exception("metrics: reading the per-interval figures failed")
             await asyncio.sleep(self._interval_s)
 
     async def _render(self) -> bytes:
