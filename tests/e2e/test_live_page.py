@@ -224,8 +224,12 @@ def test_browser_shows_models_traffic_and_cancellations(
     assert 'class="chip live"' in dom
     identity = re.search(r'<tr data-model="identity".*?</tr>', dom, re.DOTALL)
     assert identity is not None and "READY" in identity[0] and "identity_0 · thread" in identity[0]
-    rps = re.search(r'<td class="num rps">([\d.,]+)</td>', identity[0])
-    assert rps is not None and float(rps[1].replace(",", "")) > 0, identity[0]
+    succeeded = re.search(r'<td class="num success">(\d+)</td>', identity[0])
+    assert succeeded is not None and int(succeeded[1]) > 0, identity[0]
+    # The charts draw a line for each model with traffic in the window.
+    throughput = re.search(r'<svg id="throughput".*?</svg>', dom, re.DOTALL)
+    assert throughput is not None and "<polyline" in throughput[0]
+    assert "identity v1" in dom
     executing = re.search(rf'<tr[^>]*>(?:(?!</tr>).)*{cancelled["executing"]}.*?</tr>', dom,
                           re.DOTALL)
     assert executing is not None
