@@ -4,6 +4,7 @@ the page polls. Read on the event loop, where the statistics are written."""
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
 from collections.abc import Iterable, Iterator
@@ -21,6 +22,7 @@ STATE_PATH = "/live/state"
 LATEST_CANCELLATIONS = 50
 
 
+@functools.cache
 def page() -> bytes:
     """The page: one HTML file with its styles and script inside, shipped in the package."""
     return resources.files("tritium.metrics").joinpath("live.html").read_bytes()

@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,8 +66,11 @@ def metrics_limits(http: HttpLimits) -> HttpLimits:
 
 
 class MetricsServer:
-    """The exposition is rendered on a worker thread, keeping the loop free while it reads
-    every model's statistics; scrapes that arrive during a render share its result."""
+    """``/metrics``, and with a catalog of models the live page (``/live``, ``/live/state``).
+
+    The exposition is rendered on a worker thread, keeping the loop free while it reads
+    every model's statistics; scrapes that arrive during a render share its result. The
+    page's state is small and read on the loop."""
 
     def __init__(self, models: Callable[[], Iterable[Any]],
                  custom: Callable[[], Iterable[Any]] | None = None,
@@ -124,7 +127,7 @@ class MetricsServer:
             log.debug('metrics: "%s %s%s HTTP/%s" %d %d', request.method, request.path, query,
                       request.http_version, status, len(body))
 
-    async def _answer(self, method: str, path: str, headers: Any
+    async def _answer(self, method: str, path: str, headers: Mapping[str, str]
                       ) -> tuple[int, list[tuple[str, str]], bytes]:
         page = self._live is not None and path in (live.PAGE_PATH, live.STATE_PATH)
         if path != "/metrics" and not page:
