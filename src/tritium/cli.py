@@ -12,7 +12,12 @@ from pathlib import Path
 
 from tritium.config import BUNDLED_REPOSITORY, GrpcLimitSettings, ServerConfig
 from tritium.core.header_forward import header_forward
-from tritium.core.restrictions import GROUP_NAMES, Restriction, parse_restrictions
+from tritium.core.restrictions import (
+    GROUP_NAMES,
+    PROTOCOL_NAMES,
+    Restriction,
+    parse_restrictions,
+)
 from tritium.execution.placement import ThreadPlacement, install
 from tritium.repository.manager import ControlMode
 from tritium.tls import TlsError, TlsSettings, server_context
@@ -186,7 +191,7 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
     add("--grpc-restricted-protocol", action="append", default=[],
         metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
         help="serve these gRPC groups only to calls with header triton-grpc-protocol-KEY: "
-             f"VALUE; repeatable; groups: {GROUP_NAMES}")
+             f"VALUE; repeatable; groups: {PROTOCOL_NAMES}")
     for proto, name in (("grpc", "gRPC"), ("http", "HTTP")):
         add(f"--{proto}-header-forward-pattern", type=_forward_pattern, default="",
             metavar="REGEX", help=f"{name} request headers whose names match (anywhere, "

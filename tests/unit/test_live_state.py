@@ -144,10 +144,13 @@ def test_the_page_ships_in_the_package_and_loads_nothing_else() -> None:
     assert "innerHTML" not in html  # request ids come from clients: text only
 
 
-def test_live_is_a_group_of_the_restriction_flags() -> None:
+def test_live_is_a_group_of_the_http_restriction_flag_only() -> None:
     (restriction,) = parse_restriction("live:k=v")
     assert restriction.group is ApiGroup.LIVE
     assert restriction.allows({"k": "v"}) and not restriction.allows({})
+    with pytest.raises(ValueError, match=r"unknown restricted protocol 'live' \(allowed: .*"
+                                         r"logging\)"):
+        parse_restriction("live:k=v", "protocol")
 
 
 @pytest.mark.parametrize("interval_s", [0.1, 2.0, 60.0])
