@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritium.core.restrictions import Restriction
+from tritium.feature_config import FeatureConfig, LogConfig, ProcessArenaSettings
 from tritium.repository.manager import ControlMode
 from tritium.tls import TlsSettings
 
@@ -68,3 +69,12 @@ class ServerConfig:
     openai_tokenizer: Path | None = None
     # Clients may register system shared memory regions (off by default, as in Triton 2.73).
     allow_client_shm: bool = False
+    # tritonserver's server and repository flags (cli_flags.py says what each does here).
+    server_id: str = "triton"
+    strict_readiness: bool = True
+    exit_on_error: bool = False  # the tritonserver command's default is True, as Triton's
+    auto_complete_config: bool = True
+    model_load_thread_count: int | None = None  # None: every model of a batch at once
+    log: LogConfig = field(default_factory=LogConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    process_arena: ProcessArenaSettings = field(default_factory=ProcessArenaSettings)

@@ -61,6 +61,12 @@ async def serve(config: ServerConfig) -> int:
 
     await manager.load_startup_models(list(config.load_models))
     _log_models(manager)
+    failed = manager.failed_models()
+    if failed and config.exit_on_error:
+        log.error("failed to load all models (%s); exiting, as --exit-on-error is true",
+                  ", ".join(failed))
+        await manager.shutdown()
+        return 1
     try:
         http = await _start_http(config, service, shared_memory) if config.allow_http else None
         grpc = await _start_grpc(config, service, shared_memory) if config.allow_grpc else None
@@ -107,13 +113,19 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         return EnsembleModel(plan, model_config, service, version)
 
     manager = ModelManager(
-        list(config.model_repositories), loop, create_backend, auto_complete_config,
+        list(config.model_repositories), loop, create_backend,
+        auto_complete_config if config.auto_complete_config else None,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
-        create_ensemble=create_ensemble,
+        create_ensemble=create_ensemble, load_concurrency=config.model_load_thread_count,
     )
-    service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory))
-    instance_choice.configure(config.python_instance_kind, service)
-    service.update_log_settings({"log_verbose_level": max(config.log_verbose, 0)})
+    service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
+                               config.server_id, config.strict_readiness)
+    instance_choice.configure(config.python_instance_kind, service, config.process_arena)
+    service.note_log_file(config.log.file or "")
+    service.update_log_settings({
+        "log_info": config.log.info, "log_warning": config.log.warning,
+        "log_error": config.log.error, "log_verbose_level": max(config.log_verbose, 0),
+        "log_format": config.log.format})
     return service, manager
 
 

@@ -115,6 +115,7 @@ class ModelManager(DependencyRules):
         control_mode: ControlMode = ControlMode.NONE,
         unload_timeout_s: float = 30.0,
         create_ensemble: EnsembleFactory | None = None,
+        load_concurrency: int | None = None,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -129,6 +130,9 @@ class ModelManager(DependencyRules):
         self._retiring: set[asyncio.Task[None]] = set()
         self.create_ensemble = create_ensemble
         self._installs = 0  # counts swaps, for ModelEntry.installed_at
+        # --model-load-thread-count: versions whose instances start at the same time.
+        self._load_slots = (asyncio.Semaphore(load_concurrency)
+                            if load_concurrency is not None else None)
 
     # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
@@ -331,7 +335,11 @@ class ModelManager(DependencyRules):
                              ) -> ServedVersion | str:
         try:
             model = self._new_version(model_dir, version, config)
-            await model.start(self.loop, self.create_backend)
+            if self._load_slots is None:
+                await model.start(self.loop, self.create_backend)
+            else:
+                async with self._load_slots:
+                    await model.start(self.loop, self.create_backend)
         except Exception as exc:
             reason = _reason(exc)
             log.error("model '%s' version %d failed to load: %s", name, version, reason)
@@ -429,6 +437,10 @@ class ModelManager(DependencyRules):
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
+    async def wait_unloaded(self) -> None:
+        """Until every version taken out of service so far has drained and stopped."""
+        await asyncio.gather(*list(self._retiring), return_exceptions=True)
+
     async def _drain_and_stop(self, retired: list[tuple[ServedVersion, VersionEntry | None]],
                               holder: OverrideDir | None) -> None:
         await asyncio.gather(*(self._drain_one(model, slot) for model, slot in retired))
@@ -516,15 +528,40 @@ class ModelManager(DependencyRules):
         return rows
 
     def is_ready(self) -> bool:
-        """False when a model that should serve failed to load; models taken out of
-        service on purpose (unloaded, unloading) or being (re)loaded do not count."""
+        """Triton's strict readiness: every model meant to serve is READY and up.
+
+        A version loading, unloading, or failed makes the server not ready; one unloaded
+        on purpose does not count; a READY version whose instance process died (and is
+        restarting) is not ready until it is back. A reload keeps the serving version
+        READY while the new one starts, so a reload alone never flips readiness.
+        """
+        if self.failed_models():
+            return False
         for entry in self.models.values():
-            if not entry.versions and entry.reason not in ("", UNLOADED):
-                return False
             for slot in entry.versions.values():
-                if slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED:
-                    return False
+                if slot.state is ModelState.READY:
+                    if slot.model is not None and not _up(slot.model):
+                        return False
+                elif slot.state is not ModelState.UNAVAILABLE:
+                    return False  # LOADING or UNLOADING
         return True
+
+    def failed_models(self) -> list[str]:
+        """Models that should serve and failed to load (or were not found)."""
+        return [name for name, entry in sorted(self.models.items()) if _failed(entry)]
+
+
+def _failed(entry: ModelEntry) -> bool:
+    if not entry.versions:
+        return entry.reason not in ("", UNLOADED)
+    return any(slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED
+               for slot in entry.versions.values())
+
+
+def _up(model: ServedVersion) -> bool:
+    """Every instance of ``model`` runs (Triton asks each instance of the model)."""
+    instances = getattr(model, "instances", ())  # an ensemble has none of its own
+    return model.is_ready() and all(getattr(i, "ready", True) for i in instances)
 
 
 def _latest_ready(entry: ModelEntry) -> VersionEntry:

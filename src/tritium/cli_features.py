@@ -1,0 +1,169 @@
+"""Turns the parsed multi-part flags into ``feature_config`` settings, merging the older
+flags into the newer ones as tritonserver does (the newer one wins)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tritium.cli_values import trace_level, trace_mode
+from tritium.feature_config import (
+    BackendConfig,
+    CacheConfig,
+    FeatureConfig,
+    LogConfig,
+    MetricsConfig,
+    ProcessArenaSettings,
+    RateLimitConfig,
+    TraceConfig,
+    group,
+)
+
+MIB = 1 << 20
+# python backend settings that mean nothing for this server's instance processes, and why.
+_PYTHON_IGNORED = {
+    "shm-growth-byte-size": "the arena maps its whole capacity up front (sparse memory), "
+                            "so it never grows",
+    "stub-timeout-seconds": "an instance process's death is seen at once on its socket; "
+                            "there is no health poll to time out",
+    "thread-pool-size": "an instance process runs one request batch at a time",
+}
+# Settings Triton hands every backend that its python backend does not read either.
+_PYTHON_SILENT = frozenset({"default-max-batch-size"})
+
+
+class FlagError(ValueError):
+    """A flag's value that parsed but cannot be used; the message names the flag."""
+
+
+def features(args: argparse.Namespace) -> FeatureConfig:
+    return FeatureConfig(
+        trace=trace_config(args),
+        cache=cache_config(args),
+        rate_limit=RateLimitConfig(args.rate_limit or "off",
+                                   tuple(args.rate_limit_resource or ())),
+        metrics=MetricsConfig(
+            allow_cpu_metrics=bool(args.allow_metrics and args.allow_cpu_metrics is not False),
+            interval_ms=args.metrics_interval_ms if args.metrics_interval_ms is not None
+            else 2000.0,
+            settings=tuple(args.metrics_config or ())),
+        backends=BackendConfig(*group(list(args.backend_config or []))),
+        host_policies=tuple(args.host_policy or ()),
+    )
+
+
+def log_config(args: argparse.Namespace) -> LogConfig:
+    def on(value: bool | None) -> bool:
+        return True if value is None else value
+
+    return LogConfig(info=on(args.log_info), warning=on(args.log_warning),
+                     error=on(args.log_error), verbose=args.log_verbose,
+                     format=args.log_format or "default", file=args.log_file or None)
+
+
+def auto_complete(args: argparse.Namespace) -> bool:
+    """--disable-auto-complete-config wins over the older --strict-model-config=false."""
+    if args.disable_auto_complete_config:
+        return False
+    return args.strict_model_config is not True
+
+
+def trace_config(args: argparse.Namespace) -> TraceConfig:
+    settings: list[tuple[str, str, str]] = list(args.trace_config or [])
+    global_pairs, modes = group(settings)
+    levels = list(args.trace_level or [])
+    rate = _int(args.trace_rate, 1000)
+    count = _int(args.trace_count, -1)
+    mode = "triton"
+    for key, value in global_pairs:
+        if key == "level":
+            levels.append(_checked(trace_level, value, "level"))
+        elif key == "rate":
+            rate = _checked(int, value, "rate")
+        elif key == "count":
+            count = _checked(int, value, "count")
+        elif key == "mode":
+            mode = _checked(trace_mode, value, "mode")
+    # An explicit OFF anywhere wins, as in tritonserver.
+    off = "OFF" in levels or not levels
+    level = ("OFF",) if off else tuple(dict.fromkeys(levels))
+    triton = dict(next((pairs for name, pairs in modes if name == "triton"), ()))
+    older = {"file": args.trace_file, "log-frequency": args.trace_log_frequency}
+    for key, value in older.items():
+        if value is not None and key not in triton:
+            triton[key] = str(value)
+    merged = [(n, p) for n, p in modes if n != "triton"]
+    if triton:
+        merged.append(("triton", tuple(triton.items())))
+    return TraceConfig(mode=mode, level=level, rate=rate, count=count, modes=tuple(merged))
+
+
+def _checked(parse: Any, value: str, key: str) -> Any:
+    try:
+        return parse(value)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise FlagError(f'--trace-config {key}: {exc}') from None
+
+
+def _int(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def cache_config(args: argparse.Namespace) -> CacheConfig | None:
+    settings = list(args.cache_config or [])
+    if settings and args.response_cache_byte_size is not None:
+        raise FlagError("Incompatible flags --response-cache-byte-size and --cache-config "
+                        "both provided. Please provide one or the other.")
+    if args.response_cache_byte_size is not None:
+        return CacheConfig("local", (("size", str(args.response_cache_byte_size)),))
+    if not settings:
+        return None
+    _, caches = group(settings)
+    if len(caches) > 1:
+        raise FlagError("--cache-config: found multiple cache configurations, but only a "
+                        "single cache is supported")
+    name, pairs = caches[0]
+    return CacheConfig(name, pairs)
+
+
+def python_backend(backends: BackendConfig) -> tuple[ProcessArenaSettings, list[str]]:
+    """The process arena's settings from --backend-config=python,...; and one note per
+    setting accepted without effect."""
+    ring_bytes: int | None = None
+    prefix = ProcessArenaSettings().name_prefix
+    notes: list[str] = []
+    for key, value in backends.of("python").items():
+        if key == "shm-default-byte-size":
+            ring_bytes = _byte_size(key, value, MIB)
+        elif key == "shm-region-prefix-name":
+            prefix = _prefix(value)
+        elif key in _PYTHON_IGNORED:
+            _byte_size(key, value, 1)  # a bad number is still refused, as Triton does
+            notes.append(f"--backend-config=python,{key} ({_PYTHON_IGNORED[key]})")
+        elif key not in _PYTHON_SILENT:
+            notes.append(f"--backend-config=python,{key} (not a python backend setting)")
+    return ProcessArenaSettings(ring_bytes, prefix), notes
+
+
+def _byte_size(key: str, value: str, least: int) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        size = -1
+    if size < least:
+        raise FlagError(f"--backend-config=python,{key}: expected an integer >= {least}, "
+                        f"got '{value}'")
+    return size
+
+
+def _prefix(value: str) -> str:
+    # It names memfds: one path component, no separators.
+    if "/" in value or "\0" in value:
+        raise FlagError("--backend-config=python,shm-region-prefix-name: no '/' allowed, "
+                        f"got '{value}'")
+    return value
+
+
+def other_backends(backends: BackendConfig) -> list[str]:
+    return [f"--backend-config={name},... (only the built-in python backend runs here)"
+            for name in backends.backends() if name != "python"]
