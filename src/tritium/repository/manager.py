@@ -204,6 +204,10 @@ class ModelManager(DependencyRules):
                 log.info("model '%s' was removed from the repository: unloading", name)
                 async with self._locks.hold(name):
                     self._retire_entry(name)
+            elif not any(s.model is not None for s in self.models[name].versions.values()):
+                # A failed (or unloaded) model that is gone: nothing is meant to serve it,
+                # so it no longer holds strict readiness down.
+                del self.models[name]
         for name, model_dir in sorted(found.items()):
             entry = self.models.get(name)
             if entry is not None and entry.fingerprint == fingerprint(model_dir):
