@@ -74,14 +74,17 @@ def _thread_core(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritium", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    add_serve_flags(commands.add_parser("serve", help="serve a Triton model repository"))
+    # A short usage: the full list is what --help prints, not what every error repeats.
+    add_serve_flags(commands.add_parser("serve", help="serve a Triton model repository",
+                                        usage="tritium serve [options]"))
     return parser
 
 
 def build_tritonserver_parser() -> argparse.ArgumentParser:
     """tritonserver's own command line: the same flags, no subcommand."""
     parser = argparse.ArgumentParser(
-        prog="tritonserver", description="Serve Triton model repositories (tritium).")
+        prog="tritonserver", usage="tritonserver [options]",
+        description="Serve Triton model repositories (tritium).")
     add_serve_flags(parser)
     return parser
 
