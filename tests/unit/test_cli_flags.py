@@ -16,7 +16,7 @@ REPO = str(BUNDLED_REPOSITORY)
 
 # Every flag tritonserver 2.51 lists in --help, then the ones 2.73 adds, each with a value
 # it accepts (None: the flag takes none). Written out here, not read from a help text.
-TRITONSERVER_2_51 = [
+TRITONSERVER_2_51: list[tuple[str, str | None]] = [
     ("id", "replica-1"), ("exit-timeout-secs", "5"),
     ("log-verbose", "1"), ("log-info", "true"), ("log-warning", "false"),
     ("log-error", "on"), ("log-format", "ISO8601"), ("log-file", "/dev/null"),
@@ -62,7 +62,7 @@ TRITONSERVER_2_51 = [
     ("trace-level", "TIMESTAMPS"), ("trace-rate", "1000"), ("trace-count", "-1"),
     ("trace-log-frequency", "0"),
 ]
-TRITONSERVER_2_73 = [
+TRITONSERVER_2_73: list[tuple[str, str | None]] = [
     ("http-max-input-size", "67108864"), ("grpc-infer-thread-count", "4"),
     ("grpc-max-response-pool-size", "16"), ("allow-client-shm", "false"),
 ]
