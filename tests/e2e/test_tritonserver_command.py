@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.server_process import TritiumProcess
-from tests.zoo import _tensor, add_model
+from tests.zoo import _parameter, _tensor, add_model
 
 pytestmark = pytest.mark.e2e
 
@@ -102,3 +102,22 @@ def _wait_for_line(path: Path, text: str, timeout: float = 60.0) -> list[str]:
             return lines
         time.sleep(0.05)
     raise AssertionError(f"no '{text}' in {path}")
+
+
+def test_python_backend_config_names_and_sizes_the_process_arenas(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    add_model(repo, "in_process", "identity",
+              IO + _parameter("TRITIUM_INSTANCE_KIND", "process"))
+    server = tritonserver(repo, f"--model-repository={repo}", "--http-port=0", "--grpc-port=0",
+                          "--backend-config=python,shm-region-prefix-name=rank3_",
+                          "--backend-config=python,shm-default-byte-size=2097152").start()
+    try:
+        maps = Path(f"/proc/{server.pid}/maps").read_text()
+        assert "/memfd:rank3_in_process_0-in" in maps
+        assert "/memfd:tritium-" not in maps
+        body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [5]}]}
+        reply = requests.post(f"http://{server.http_url}/v2/models/in_process/infer",
+                              json=body, timeout=30)
+        assert reply.json()["outputs"][0]["data"] == [5.0]
+    finally:
+        assert server.stop() == 0, server.log()

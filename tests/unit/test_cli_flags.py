@@ -4,6 +4,8 @@ each one is implemented, accepted with a warning, or refused with a reason."""
 from __future__ import annotations
 
 import argparse
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -263,3 +265,11 @@ def test_table_flags_are_each_defined_once() -> None:
     names = [flag.name for flag in cli_flags.FLAGS]
     assert len(names) == len(set(names))
     assert isinstance(build_tritonserver_parser(), argparse.ArgumentParser)
+
+
+def test_the_tritonserver_console_script_is_declared() -> None:
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    found = re.search(r'^tritonserver = "([\w.]+):(\w+)"$', pyproject, re.MULTILINE)
+    assert found is not None
+    module, function = found.groups()
+    assert getattr(importlib.import_module(module), function) is tritonserver_main
