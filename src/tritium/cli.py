@@ -352,10 +352,11 @@ def _warnings(args: argparse.Namespace) -> list[str]:
     backends = cli_features.features(args).backends
     found.no_such_hardware.extend(cli_features.other_backends(backends))
     found.ignored.extend(cli_features.python_backend(backends)[1])
+    deprecated = []
     if args.strict_model_config is not None:
-        found.ignored.append("--strict-model-config (deprecated: use "
-                             "--disable-auto-complete-config)")
-    return found.warnings()
+        deprecated.append("'--strict-model-config' is deprecated (it still works): use "
+                          "'--disable-auto-complete-config' instead")
+    return deprecated + found.warnings()
 
 
 def _pin(cores: frozenset[int]) -> None:
@@ -387,8 +388,9 @@ def _serve(config: ServerConfig, warnings: list[str]) -> int:
                            config.log.file)
     except OSError as exc:
         raise SystemExit(f"tritium: error: --log-file: {exc}") from None
-    for line in warnings:
-        logging.getLogger("tritium.cli").warning("%s", line)
+    if config.log.warning:  # --log-warning=false hides these too
+        for line in warnings:
+            logging.getLogger("tritium.cli").warning("%s", line)
     if config.cpu_cores is not None:
         _pin(config.cpu_cores)
     try:
