@@ -27,6 +27,8 @@ _PYTHON_IGNORED = {
     "stub-timeout-seconds": "an instance process's death is seen at once on its socket; "
                             "there is no health poll to time out",
     "thread-pool-size": "an instance process runs one request batch at a time",
+    "shm-message-queue-size": "messages to an instance process go over a socket, not a "
+                              "shared-memory queue",
 }
 # Settings Triton hands every backend that its python backend does not read either.
 _PYTHON_SILENT = frozenset({"default-max-batch-size"})
