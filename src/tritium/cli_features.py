@@ -59,8 +59,8 @@ def log_config(args: argparse.Namespace) -> LogConfig:
         return True if value is None else value
 
     return LogConfig(info=on(args.log_info), warning=on(args.log_warning),
-                     error=on(args.log_error), verbose=args.log_verbose,
-                     format=args.log_format or "default", file=args.log_file or None)
+                     error=on(args.log_error), format=args.log_format or "default",
+                     file=args.log_file or None)
 
 
 def auto_complete(args: argparse.Namespace) -> bool:

@@ -10,12 +10,12 @@ Pairs = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
-    """--log-*: which levels the server writes, how, and where (None: standard error)."""
+    """--log-*: which levels the server writes, how, and where (None: standard error);
+    --log-verbose is ``ServerConfig.log_verbose``."""
 
     info: bool = True
     warning: bool = True
     error: bool = True
-    verbose: int = 0
     format: str = "default"  # default, ISO8601 or json
     file: str | None = None
 

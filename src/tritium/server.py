@@ -61,10 +61,7 @@ async def serve(config: ServerConfig) -> int:
 
     await manager.load_startup_models(list(config.load_models))
     _log_models(manager)
-    failed = manager.failed_models()
-    if failed and config.exit_on_error:
-        log.error("failed to load all models (%s); exiting, as --exit-on-error is true",
-                  ", ".join(failed))
+    if _exits_on_load_failure(config, manager):
         await manager.shutdown()
         return 1
     try:
@@ -84,6 +81,16 @@ async def serve(config: ServerConfig) -> int:
     code = await _shutdown(config, service, manager, _Listeners(http, grpc, metrics), poller)
     shared_memory.close()  # no request is left to read or write a region
     return code
+
+
+def _exits_on_load_failure(config: ServerConfig, manager: ModelManager) -> bool:
+    """--exit-on-error: a model of the startup set that failed stops the server."""
+    failed = manager.failed_models()
+    if failed and config.exit_on_error:
+        log.error("failed to load all models (%s); exiting, as --exit-on-error is true",
+                  ", ".join(failed))
+        return True
+    return False
 
 
 def _place_threads(loop: asyncio.AbstractEventLoop) -> None:
