@@ -54,7 +54,6 @@ _GPU = "no GPU support in this build"
 _LOOP = "one event loop serves every connection"
 _NO_SAGEMAKER = "there is no SageMaker endpoint"
 _NO_VERTEX = "there is no Vertex AI endpoint"
-_AGE = "closing connections at an age"
 _KEEPALIVE = ("the server sends no keepalive pings; an idle connection closes after "
               "--grpc-idle-timeout-secs")
 
@@ -109,8 +108,10 @@ FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("grpc-keepalive-permit-without-calls", v.triton_bool, MEANINGLESS,
                _KEEPALIVE),
     TritonFlag("grpc-http2-max-pings-without-data", v.integer, MEANINGLESS, _KEEPALIVE),
-    TritonFlag("grpc-max-connection-age", v.integer, LATER, _AGE),
-    TritonFlag("grpc-max-connection-age-grace", v.integer, LATER, _AGE),
+    TritonFlag("grpc-max-connection-age", v.integer, DONE,
+               "ms a connection lives before GOAWAY"),
+    TritonFlag("grpc-max-connection-age-grace", v.integer, DONE,
+               "ms its calls may run on after that GOAWAY"),
     # -- SageMaker and Vertex AI
     TritonFlag("allow-sagemaker", v.triton_bool, REFUSE,
                _NO_SAGEMAKER, applies=_is_true),

@@ -25,6 +25,8 @@ class GrpcLimitSettings:
     message_timeout_secs: float = 60.0
     max_buffered_bytes: int = 2**31 - 1
     max_stream_requests: int = 256
+    max_connection_age_ms: int | None = None  # None: connections live as long as they like
+    max_connection_age_grace_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

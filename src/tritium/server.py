@@ -186,8 +186,14 @@ def grpc_limits(settings: GrpcLimitSettings) -> GrpcLimits:
         idle_timeout_s=settings.idle_timeout_secs,
         message_progress_timeout_s=settings.message_timeout_secs,
         max_connections=settings.max_connections or default_connection_cap(),
+        max_connection_age_s=_seconds(settings.max_connection_age_ms),
+        max_connection_age_grace_s=_seconds(settings.max_connection_age_grace_ms),
         flood=FloodLimits(max_ping_strikes=settings.max_ping_strikes,
                           min_ping_interval_s=settings.min_ping_interval_ms / 1000))
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
 
 
 def _tls_context(settings: TlsSettings | None, alpn: list[str]) -> ssl.SSLContext | None:

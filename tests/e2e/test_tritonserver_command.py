@@ -3,6 +3,7 @@ tritonserver's defaults (exit on a startup load failure), its --id, and its log 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -12,8 +13,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.e2e.test_grpc_limits import headers
+from tests.e2e.test_grpc_raw import SERVICE, RawClient, goaway_code, grpc_port
 from tests.server_process import TritiumProcess
 from tests.zoo import _parameter, _tensor, add_model
+from tritium.frontends.grpc.http2 import FrameType, H2Error
 
 pytestmark = pytest.mark.e2e
 
@@ -119,5 +123,25 @@ def test_python_backend_config_names_and_sizes_the_process_arenas(tmp_path: Path
         reply = requests.post(f"http://{server.http_url}/v2/models/in_process/infer",
                               json=body, timeout=30)
         assert reply.json()["outputs"][0]["data"] == [5.0]
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_grpc_connections_leave_at_their_maximum_age(tmp_path: Path) -> None:
+    repo = repository(tmp_path)
+    server = tritonserver(repo, f"--model-repository={repo}", "--http-port=0", "--grpc-port=0",
+                          "--grpc-max-connection-age=1000",
+                          "--grpc-max-connection-age-grace=1000").start()
+    try:
+        with contextlib.closing(RawClient(grpc_port(server))) as raw:
+            opened = time.monotonic()
+            raw.send(headers(raw, 1, SERVICE + "/ModelStreamInfer"))  # a call left open
+            assert goaway_code(raw.until(FrameType.GOAWAY)) == H2Error.NO_ERROR
+            aged = time.monotonic() - opened
+            ended = raw.remaining()  # the open call is ended after the grace, then closed
+            closed = time.monotonic() - opened
+        assert 0.8 < aged < 5.0  # not idle (that takes 300 s): old
+        assert closed - aged > 0.5
+        assert any(found.stream_id == 1 for found in ended)
     finally:
         assert server.stop() == 0, server.log()

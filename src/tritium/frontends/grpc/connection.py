@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +81,7 @@ class GrpcConnection:
         self.now: Callable[[], float] = self._loop.time
         now = self._loop.time()
         self.opened_at = self.idle_since = now
+        self._max_age = _jittered(limits.max_connection_age_s)
         self._headers = HeaderDecoder(limits.max_header_list_bytes)
         self.calls: dict[int, Call] = {}
         self._last_stream = 0
@@ -382,6 +384,8 @@ class GrpcConnection:
             if now - self.opened_at > limits.preface_timeout_s:
                 self._output.close()
             return
+        if self._max_age is not None and now - self.opened_at > self._max_age:
+            self._leave_for_age(now - self.opened_at - self._max_age)
         if not self.calls and now - self.idle_since > limits.idle_timeout_s:
             log.debug("closing a gRPC connection idle for %.0f s", now - self.idle_since)
             self.go_away()
@@ -396,6 +400,12 @@ class GrpcConnection:
                 self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED if starved else
                             GrpcStatus.CANCELLED, "the server's request buffer is full"
                             if starved else "request message stopped arriving", CALL_BROKEN)
+
+    def _leave_for_age(self, past_age_s: float) -> None:
+        self.go_away()
+        grace = self.limits.max_connection_age_grace_s
+        if grace is not None and past_age_s > grace and self.calls and not self.closed:
+            self.shut_down(GrpcStatus.UNAVAILABLE, "the connection reached its maximum age")
 
     def go_away(self) -> None:
         """Refuse new streams; close once the calls in flight have finished."""
@@ -432,3 +442,7 @@ class GrpcConnection:
         self.closed = True
         self._reader.stop()  # the frames after this one in the read are not handled
         self._output.close()
+
+
+def _jittered(age_s: float | None) -> float | None:
+    return None if age_s is None else age_s * random.uniform(0.9, 1.1)
