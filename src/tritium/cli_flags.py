@@ -78,8 +78,8 @@ FLAGS: tuple[TritonFlag, ...] = (
                "true: ready only while every model meant to be loaded is ready; "
                "false: ready while the server runs"),
     TritonFlag("model-load-thread-count", v.integer, DONE, "models loaded at the same time"),
-    TritonFlag("model-load-retry-count", v.integer, LATER, "retrying a failed load",
-               applies=_not(0)),
+    TritonFlag("model-load-retry-count", v.integer, DONE,
+               "more tries for a version that fails to load"),
     TritonFlag("model-config-name", str, REFUSE,
                "custom configuration names (configs/<name>.pbtxt) are not supported: "
                "give each variant its own model repository"),

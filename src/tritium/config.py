@@ -77,6 +77,7 @@ class ServerConfig:
     exit_on_error: bool = False  # the tritonserver command's default is True, as Triton's
     auto_complete_config: bool = True
     model_load_thread_count: int | None = None  # None: every model of a batch at once
+    model_load_retry_count: int = 0
     log: LogConfig = field(default_factory=LogConfig)
     features: FeatureConfig = field(default_factory=FeatureConfig)
     process_arena: ProcessArenaSettings = field(default_factory=ProcessArenaSettings)

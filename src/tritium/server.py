@@ -124,6 +124,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         auto_complete_config if config.auto_complete_config else None,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
         create_ensemble=create_ensemble, load_concurrency=config.model_load_thread_count,
+        load_retries=config.model_load_retry_count,
     )
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
                                config.server_id, config.strict_readiness)

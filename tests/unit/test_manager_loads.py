@@ -169,3 +169,29 @@ def test_load_concurrency_bounds_the_versions_starting_at_once(
 
     asyncio.run(main())
     assert 1 <= starting[1] <= limit
+
+
+@pytest.mark.parametrize(("retries", "state"), [(0, "UNAVAILABLE"), (1, "READY")])
+def test_load_retries_try_a_failed_version_again(tmp_path: Path, retries: int,
+                                                 state: str) -> None:
+    """--model-load-retry-count: a version that fails once loads on its second try."""
+    add_model(tmp_path / "repo", "flaky")
+    tries: list[int] = []
+
+    def flaky_backend(info: InstanceInfo, _: Any) -> FakeBackend:
+        tries.append(1)
+        if len(tries) == 1:
+            raise RuntimeError("not this time")
+        return FakeBackend(info, [])
+
+    async def main() -> None:
+        manager = ModelManager([tmp_path / "repo"], asyncio.get_running_loop(), flaky_backend,
+                               None, ControlMode.NONE, load_retries=retries)
+        await manager.load_startup_models([])
+        try:
+            assert [e.state.value for e in manager.index(ready_only=False)] == [state]
+        finally:
+            await manager.shutdown()
+
+    asyncio.run(main())
+    assert len(tries) == retries + 1

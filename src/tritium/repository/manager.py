@@ -116,6 +116,7 @@ class ModelManager(DependencyRules):
         unload_timeout_s: float = 30.0,
         create_ensemble: EnsembleFactory | None = None,
         load_concurrency: int | None = None,
+        load_retries: int = 0,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -133,6 +134,7 @@ class ModelManager(DependencyRules):
         # --model-load-thread-count: versions whose instances start at the same time.
         self._load_slots = (asyncio.Semaphore(load_concurrency)
                             if load_concurrency is not None else None)
+        self.load_retries = load_retries  # --model-load-retry-count
 
     # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
@@ -337,18 +339,28 @@ class ModelManager(DependencyRules):
 
     async def _start_version(self, name: str, model_dir: Path, version: int, config: Any
                              ) -> ServedVersion | str:
-        try:
-            model = self._new_version(model_dir, version, config)
-            if self._load_slots is None:
-                await model.start(self.loop, self.create_backend)
-            else:
-                async with self._load_slots:
-                    await model.start(self.loop, self.create_backend)
-        except Exception as exc:
-            reason = _reason(exc)
-            log.error("model '%s' version %d failed to load: %s", name, version, reason)
-            return reason
-        return model
+        """The started version, or why it failed after ``load_retries`` more tries."""
+        for attempt in range(self.load_retries + 1):
+            try:
+                model = self._new_version(model_dir, version, config)
+                await self._start_in_slot(model)
+            except Exception as exc:
+                reason = _reason(exc)
+                if attempt < self.load_retries:
+                    log.warning("model '%s' version %d failed to load (try %d of %d): %s",
+                                name, version, attempt + 1, self.load_retries + 1, reason)
+                    continue
+                log.error("model '%s' version %d failed to load: %s", name, version, reason)
+                return reason
+            return model
+        raise AssertionError("unreachable: the last try returns")
+
+    async def _start_in_slot(self, model: ServedVersion) -> None:
+        if self._load_slots is None:
+            await model.start(self.loop, self.create_backend)
+            return
+        async with self._load_slots:
+            await model.start(self.loop, self.create_backend)
 
     def _new_version(self, model_dir: Path, version: int, config: Any) -> ServedVersion:
         if not is_ensemble(config):
