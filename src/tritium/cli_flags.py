@@ -86,7 +86,7 @@ FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("model-namespacing", v.triton_bool, REFUSE,
                "model namespacing is not supported: model names are unique across "
                "repositories", applies=_is_true),
-    TritonFlag("enable-peer-access", v.triton_bool, NO_HW, _GPU),
+    TritonFlag("enable-peer-access", v.triton_bool, NO_HW, _GPU, applies=_is_true),
     # -- HTTP and gRPC
     TritonFlag("reuse-http-port", v.triton_bool, REFUSE,
                "several servers on one port are not supported: put replicas behind a load "
