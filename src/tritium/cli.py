@@ -254,7 +254,7 @@ def parse(argv: Sequence[str], command: str = "tritium") -> tuple[ServerConfig, 
     parser = build_tritonserver_parser() if command == "tritonserver" else build_parser()
     args = parser.parse_args(argv)
     _check_triton_rules(parser, args)
-    return _config(parser, args, command), _warnings(args)
+    return _config(parser, args, command), cli_features.warnings(args)
 
 
 def _config(parser: argparse.ArgumentParser, args: argparse.Namespace,
@@ -315,6 +315,14 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace,
     )
 
 
+def _triton_settings(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     exit_on_error: bool) -> dict[str, Any]:
+    try:
+        return cli_features.server_settings(args, exit_on_error)
+    except cli_features.FlagError as exc:
+        parser.error(str(exc))
+
+
 def _check_triton_rules(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What tritonserver refuses after parsing, and the flags this server refuses."""
     if args.load_models and args.model_control_mode != ControlMode.EXPLICIT.value:
@@ -326,40 +334,6 @@ def _check_triton_rules(parser: argparse.ArgumentParser, args: argparse.Namespac
     refused = cli_flags.notices(args).refused
     if refused:
         parser.error("not supported: " + "; ".join(refused))
-
-
-def _triton_settings(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                     exit_on_error: bool) -> dict[str, Any]:
-    try:
-        features = cli_features.features(args)
-        arena, _ = cli_features.python_backend(features.backends)
-    except cli_features.FlagError as exc:
-        parser.error(str(exc))
-    threads = args.model_load_thread_count
-    return {
-        "server_id": args.id if args.id is not None else "triton",
-        "strict_readiness": args.strict_readiness is not False,
-        "exit_on_error": exit_on_error if args.exit_on_error is None else args.exit_on_error,
-        "auto_complete_config": cli_features.auto_complete(args),
-        "model_load_thread_count": None if threads is None else max(threads, 1),
-        "model_load_retry_count": max(args.model_load_retry_count or 0, 0),
-        "log": cli_features.log_config(args),
-        "features": features,
-        "process_arena": arena,
-    }
-
-
-def _warnings(args: argparse.Namespace) -> list[str]:
-    """One line per kind of flag given that this server accepts without doing it."""
-    found = cli_flags.notices(args)
-    backends = cli_features.features(args).backends
-    found.no_such_hardware.extend(cli_features.other_backends(backends))
-    found.ignored.extend(cli_features.python_backend(backends)[1])
-    deprecated = []
-    if args.strict_model_config is not None:
-        deprecated.append("'--strict-model-config' is deprecated (it still works): use "
-                          "'--disable-auto-complete-config' instead")
-    return deprecated + found.warnings()
 
 
 def _pin(cores: frozenset[int]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tritium import cli_flags
 from tritium.cli_values import trace_level, trace_mode
 from tritium.feature_config import (
     BackendConfig,
@@ -36,6 +37,37 @@ _PYTHON_SILENT = frozenset({"default-max-batch-size"})
 
 class FlagError(ValueError):
     """A flag's value that parsed but cannot be used; the message names the flag."""
+
+
+def server_settings(args: argparse.Namespace, exit_on_error: bool) -> dict[str, Any]:
+    """``ServerConfig``'s fields from tritonserver's server, repository, log and
+    multi-part flags; ``exit_on_error`` is the command's default."""
+    settings = features(args)
+    threads = args.model_load_thread_count
+    return {
+        "server_id": args.id if args.id is not None else "triton",
+        "strict_readiness": args.strict_readiness is not False,
+        "exit_on_error": exit_on_error if args.exit_on_error is None else args.exit_on_error,
+        "auto_complete_config": auto_complete(args),
+        "model_load_thread_count": None if threads is None else max(threads, 1),
+        "model_load_retry_count": max(args.model_load_retry_count or 0, 0),
+        "log": log_config(args),
+        "features": settings,
+        "process_arena": python_backend(settings.backends)[0],
+    }
+
+
+def warnings(args: argparse.Namespace) -> list[str]:
+    """One line per kind of flag given that this server accepts without doing it."""
+    found = cli_flags.notices(args)
+    backends = features(args).backends
+    found.no_such_hardware.extend(other_backends(backends))
+    found.ignored.extend(python_backend(backends)[1])
+    deprecated = []
+    if args.strict_model_config is not None:
+        deprecated.append("'--strict-model-config' is deprecated (it still works): use "
+                          "'--disable-auto-complete-config' instead")
+    return deprecated + found.warnings()
 
 
 def features(args: argparse.Namespace) -> FeatureConfig:

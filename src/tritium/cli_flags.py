@@ -166,7 +166,6 @@ FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("model-load-gpu-limit", v.pair(v.integer, v.number, ":"), NO_HW, _GPU,
                repeat=True),
 )
-BY_NAME = {flag.name: flag for flag in FLAGS}
 
 
 def dest(name: str) -> str:
