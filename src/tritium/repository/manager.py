@@ -140,10 +140,12 @@ class ModelManager(DependencyRules):
     async def load_startup_models(self, names: list[str]) -> None:
         """Load what the control mode says to load at startup (``*`` means all)."""
         found, broken = find_models(self.repositories)
+        everything = self.control_mode is not ControlMode.EXPLICIT or "*" in names
         for name, reason in broken.items():
-            self.models[name] = ModelEntry(name, None, reason=reason)
+            if everything or name in names:  # one never asked for does not fail startup
+                self.models[name] = ModelEntry(name, None, reason=reason)
         wanted = sorted(found)
-        if self.control_mode is ControlMode.EXPLICIT and "*" not in names:
+        if not everything:
             wanted = [n for n in wanted if n in names]
             for name in names:
                 if name not in found and name not in broken:
