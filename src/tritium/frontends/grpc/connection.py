@@ -82,6 +82,7 @@ class GrpcConnection:
         now = self._loop.time()
         self.opened_at = self.idle_since = now
         self._max_age = _jittered(limits.max_connection_age_s)
+        self._aged_at: float | None = None  # when the GOAWAY for age went out
         self._headers = HeaderDecoder(limits.max_header_list_bytes)
         self.calls: dict[int, Call] = {}
         self._last_stream = 0
@@ -385,7 +386,7 @@ class GrpcConnection:
                 self._output.close()
             return
         if self._max_age is not None and now - self.opened_at > self._max_age:
-            self._leave_for_age(now - self.opened_at - self._max_age)
+            self._leave_for_age(now)
         if not self.calls and now - self.idle_since > limits.idle_timeout_s:
             log.debug("closing a gRPC connection idle for %.0f s", now - self.idle_since)
             self.go_away()
@@ -401,10 +402,14 @@ class GrpcConnection:
                             GrpcStatus.CANCELLED, "the server's request buffer is full"
                             if starved else "request message stopped arriving", CALL_BROKEN)
 
-    def _leave_for_age(self, past_age_s: float) -> None:
-        self.go_away()
+    def _leave_for_age(self, now: float) -> None:
+        """GOAWAY once; the grace counts from it, as in grpc-core."""
+        if self._aged_at is None:
+            self._aged_at = now
+            self.go_away()
         grace = self.limits.max_connection_age_grace_s
-        if grace is not None and past_age_s > grace and self.calls and not self.closed:
+        if grace is not None and now - self._aged_at > grace and self.calls \
+                and not self.closed:
             self.shut_down(GrpcStatus.UNAVAILABLE, "the connection reached its maximum age")
 
     def go_away(self) -> None:
