@@ -1,4 +1,4 @@
-"""``tritium serve``: tritonserver's flag names, turned into a ``ServerConfig``."""
+"""``tritium serve`` and ``tritonserver``: tritonserver's flags, made a ``ServerConfig``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from tritium import cli_features, cli_flags
+from tritium.cli_values import triton_bool, verbose_level
 from tritium.config import BUNDLED_REPOSITORY, GrpcLimitSettings, ServerConfig
+from tritium.core import log_format
 from tritium.core.header_forward import header_forward
 from tritium.core.restrictions import (
     GROUP_NAMES,
@@ -22,16 +26,7 @@ from tritium.execution.placement import ThreadPlacement, install
 from tritium.repository.manager import ControlMode
 from tritium.tls import TlsError, TlsSettings, server_context
 
-
-def _bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
-
-
+_bool = triton_bool
 def _port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:
@@ -91,7 +86,22 @@ def _thread_core(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritium", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a Triton model repository")
+    # A short usage: the full list is what --help prints, not what every error repeats.
+    add_serve_flags(commands.add_parser("serve", help="serve a Triton model repository",
+                                        usage="tritium serve [options]"))
+    return parser
+
+
+def build_tritonserver_parser() -> argparse.ArgumentParser:
+    """tritonserver's own command line: the same flags, no subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="tritonserver", usage="tritonserver [options]",
+        description="Serve Triton model repositories (tritium).")
+    add_serve_flags(parser)
+    return parser
+
+
+def add_serve_flags(serve: argparse.ArgumentParser) -> None:
     add = serve.add_argument
     add("--model-repository", "--model-store", action="append", type=Path, dest="repositories",
         help=f"model repository directory, repeatable (default: {BUNDLED_REPOSITORY})")
@@ -104,10 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-http", type=_bool, default=True)
     add("--allow-grpc", type=_bool, default=True)
     add("--allow-metrics", type=_bool, default=True)
-    add("--allow-cpu-metrics", type=_bool, default=True,
-        help="nv_cpu_utilization and nv_cpu_memory_*_bytes, read from /proc")
-    add("--metrics-interval-ms", type=_positive, default=2000,
-        help="how often per-interval metrics (CPU) and the live page's history are read")
     add("--allow-client-shm", type=_bool, default=False,
         help="let clients register system shared memory regions (/v2/systemsharedmemory, "
              "SystemSharedMemory*) and pass tensors through them")
@@ -125,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, report not ready but keep serving this long (so load balancers and "
              "Kubernetes endpoints stop sending here first), then stop admitting and drain; "
              "SIGINT skips it")
-    add("--log-verbose", type=int, default=0)
+    add("--log-verbose", type=verbose_level, default=0,
+        help="debug logging when > 0 (true and false mean 1 and 0)")
     add("--http-max-input-size", type=_positive, default=64 * 1024 * 1024,
         help="largest accepted HTTP request body, in bytes")
     add("--cpu-cores", type=_cores, default=None,
@@ -147,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_access_flags(serve)
     _add_http_limit_flags(serve)
     _add_grpc_limit_flags(serve)
-    return parser
+    cli_flags.add_flags(serve)
 
 
 def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
@@ -251,8 +258,23 @@ def _tls(args: argparse.Namespace, proto: str) -> TlsSettings | None:
     return settings
 
 
-def parse_config(argv: Sequence[str]) -> ServerConfig:
-    args = build_parser().parse_args(argv)
+def parse_config(argv: Sequence[str], command: str = "tritium") -> ServerConfig:
+    return parse(argv, command)[0]
+
+
+def parse(argv: Sequence[str], command: str = "tritium") -> tuple[ServerConfig, list[str]]:
+    """The config, and the startup warnings about flags accepted without effect.
+
+    ``command``: tritium (``serve ...``) or tritonserver (its defaults: exit on error).
+    """
+    parser = build_tritonserver_parser() if command == "tritonserver" else build_parser()
+    args = parser.parse_args(argv)
+    _check_triton_rules(parser, args)
+    return _config(parser, args, command), cli_features.warnings(args)
+
+
+def _config(parser: argparse.ArgumentParser, args: argparse.Namespace,
+            command: str) -> ServerConfig:
     repositories = tuple(args.repositories or [BUNDLED_REPOSITORY])
     for repo in repositories:
         if not repo.is_dir():
@@ -270,8 +292,8 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
-        allow_cpu_metrics=args.allow_cpu_metrics,
-        metrics_interval_ms=args.metrics_interval_ms,
+        allow_cpu_metrics=args.allow_metrics and args.allow_cpu_metrics is not False,
+        metrics_interval_ms=args.metrics_interval_ms or 2000,
         model_control_mode=ControlMode(args.model_control_mode),
         load_models=tuple(args.load_models),
         repository_poll_secs=args.repository_poll_secs,
@@ -293,7 +315,9 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
             preface_timeout_secs=args.grpc_preface_timeout_secs,
             message_timeout_secs=args.grpc_message_timeout_secs,
             max_buffered_bytes=args.grpc_max_buffered_bytes,
-            max_stream_requests=args.grpc_max_stream_requests),
+            max_stream_requests=args.grpc_max_stream_requests,
+            max_connection_age_ms=args.grpc_max_connection_age,
+            max_connection_age_grace_ms=args.grpc_max_connection_age_grace),
         cpu_cores=args.cpu_cores,
         python_threads_core=args.python_threads_core,
         python_instance_kind=args.python_instance_kind,
@@ -306,7 +330,29 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         openai_tokenizer=args.tokenizer,
         allow_client_shm=args.allow_client_shm,
+        **_triton_settings(parser, args, exit_on_error=command == "tritonserver"),
     )
+
+
+def _triton_settings(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     exit_on_error: bool) -> dict[str, Any]:
+    try:
+        return cli_features.server_settings(args, exit_on_error)
+    except cli_features.FlagError as exc:
+        parser.error(str(exc))
+
+
+def _check_triton_rules(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What tritonserver refuses after parsing, and the flags this server refuses."""
+    if args.load_models and args.model_control_mode != ControlMode.EXPLICIT.value:
+        parser.error("Use of '--load-model' requires setting '--model-control-mode=explicit' "
+                     "as well.")
+    if "*" in args.load_models and len(args.load_models) > 1:
+        parser.error("Wildcard model name '*' must be the ONLY startup model if specified "
+                     "at all.")
+    refused = cli_flags.notices(args).refused
+    if refused:
+        parser.error("not supported: " + "; ".join(refused))
 
 
 def _pin(cores: frozenset[int]) -> None:
@@ -322,12 +368,25 @@ def _pin(cores: frozenset[int]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_config(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=logging.DEBUG if config.log_verbose > 0 else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """``tritium serve ...``."""
+    return _serve(*parse(sys.argv[1:] if argv is None else argv))
+
+
+def tritonserver_main(argv: Sequence[str] | None = None) -> int:
+    """``tritonserver ...``: tritonserver's command line and defaults."""
+    return _serve(*parse(sys.argv[1:] if argv is None else argv, "tritonserver"))
+
+
+def _serve(config: ServerConfig, warnings: list[str]) -> int:
+    try:
+        log_format.install(config.log.format,
+                           logging.DEBUG if config.log_verbose > 0 else logging.INFO,
+                           config.log.file)
+    except OSError as exc:
+        raise SystemExit(f"tritium: error: --log-file: {exc}") from None
+    if config.log.warning:  # --log-warning=false hides these too
+        for line in warnings:
+            logging.getLogger("tritium.cli").warning("%s", line)
     if config.cpu_cores is not None:
         _pin(config.cpu_cores)
     try:

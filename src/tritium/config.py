@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritium.core.restrictions import Restriction
+from tritium.feature_config import FeatureConfig, LogConfig, ProcessArenaSettings
 from tritium.repository.manager import ControlMode
 from tritium.tls import TlsSettings
 
@@ -24,6 +25,8 @@ class GrpcLimitSettings:
     message_timeout_secs: float = 60.0
     max_buffered_bytes: int = 2**31 - 1
     max_stream_requests: int = 256
+    max_connection_age_ms: int | None = None  # None: connections live as long as they like
+    max_connection_age_grace_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,7 @@ class ServerConfig:
     allow_grpc: bool = True
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
-    metrics_interval_ms: int = 2000  # how often CPU figures and the live page's history are read
+    metrics_interval_ms: float = 2000  # how often CPU figures and the live page's history are read
     model_control_mode: ControlMode = ControlMode.NONE
     load_models: tuple[str, ...] = field(default_factory=tuple)
     repository_poll_secs: float = 15.0
@@ -72,3 +75,13 @@ class ServerConfig:
     openai_tokenizer: Path | None = None
     # Clients may register system shared memory regions (off by default, as in Triton 2.73).
     allow_client_shm: bool = False
+    # tritonserver's server and repository flags (cli_flags.py says what each does here).
+    server_id: str = "triton"
+    strict_readiness: bool = True
+    exit_on_error: bool = False  # the tritonserver command's default is True, as Triton's
+    auto_complete_config: bool = True
+    model_load_thread_count: int | None = None  # None: every model of a batch at once
+    model_load_retry_count: int = 0
+    log: LogConfig = field(default_factory=LogConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    process_arena: ProcessArenaSettings = field(default_factory=ProcessArenaSettings)

@@ -62,6 +62,9 @@ async def serve(config: ServerConfig) -> int:
 
     await manager.load_startup_models(list(config.load_models))
     _log_models(manager)
+    if _exits_on_load_failure(config, manager):
+        await manager.shutdown()
+        return 1
     try:
         http = await _start_http(config, service, shared_memory) if config.allow_http else None
         grpc = await _start_grpc(config, service, shared_memory) if config.allow_grpc else None
@@ -82,6 +85,16 @@ async def serve(config: ServerConfig) -> int:
     code = await _shutdown(config, service, manager, listeners, poller)
     shared_memory.close()  # no request is left to read or write a region
     return code
+
+
+def _exits_on_load_failure(config: ServerConfig, manager: ModelManager) -> bool:
+    """--exit-on-error: a model of the startup set that failed stops the server."""
+    failed = manager.failed_models()
+    if failed and config.exit_on_error:
+        log.error("failed to load all models (%s); exiting, as --exit-on-error is true",
+                  ", ".join(failed))
+        return True
+    return False
 
 
 def _place_threads(loop: asyncio.AbstractEventLoop) -> None:
@@ -111,13 +124,20 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         return EnsembleModel(plan, model_config, service, version)
 
     manager = ModelManager(
-        list(config.model_repositories), loop, create_backend, auto_complete_config,
+        list(config.model_repositories), loop, create_backend,
+        auto_complete_config if config.auto_complete_config else None,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
-        create_ensemble=create_ensemble,
+        create_ensemble=create_ensemble, load_concurrency=config.model_load_thread_count,
+        load_retries=config.model_load_retry_count,
     )
-    service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory))
-    instance_choice.configure(config.python_instance_kind, service)
-    service.update_log_settings({"log_verbose_level": max(config.log_verbose, 0)})
+    service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
+                               config.server_id, config.strict_readiness)
+    instance_choice.configure(config.python_instance_kind, service, config.process_arena)
+    service.note_log_file(config.log.file or "")
+    service.update_log_settings({
+        "log_info": config.log.info, "log_warning": config.log.warning,
+        "log_error": config.log.error, "log_verbose_level": max(config.log_verbose, 0),
+        "log_format": config.log.format})
     return service, manager
 
 
@@ -171,8 +191,14 @@ def grpc_limits(settings: GrpcLimitSettings) -> GrpcLimits:
         idle_timeout_s=settings.idle_timeout_secs,
         message_progress_timeout_s=settings.message_timeout_secs,
         max_connections=settings.max_connections or default_connection_cap(),
+        max_connection_age_s=_seconds(settings.max_connection_age_ms),
+        max_connection_age_grace_s=_seconds(settings.max_connection_age_grace_ms),
         flood=FloodLimits(max_ping_strikes=settings.max_ping_strikes,
                           min_ping_interval_s=settings.min_ping_interval_ms / 1000))
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
 
 
 def _tls_context(settings: TlsSettings | None, alpn: list[str]) -> ssl.SSLContext | None:

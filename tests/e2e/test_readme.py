@@ -156,13 +156,21 @@ def test_every_block_has_a_check() -> None:
 def test_serve_command_lines_parse(block: Block, tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     make_pki(tmp_path)  # server.crt, server.key, ca.crt for the TLS examples
+    (tmp_path / "src" / "tritium").mkdir(parents=True)
+    (tmp_path / "src" / "tritium" / "example_repository").symlink_to(BUNDLED_REPOSITORY)
     monkeypatch.chdir(tmp_path)
     for command in block.commands:
         if _command_kind(command) != "serve":
             continue
-        argv = [word.replace("/path/to/models", str(BUNDLED_REPOSITORY))
-                for word in serve_argv(command)]
-        config = parse_config(["serve", *argv])
+        argv = serve_argv(command)
+        if argv == ["--help"]:
+            continue  # checked by the flag table's own tests
+        for placeholder in ("/path/to/models", "/mnt/models"):  # the reader's repository
+            argv = [word.replace(placeholder, str(BUNDLED_REPOSITORY)) for word in argv]
+        if command.startswith("tritonserver"):
+            config = parse_config(argv, "tritonserver")
+        else:
+            config = parse_config(["serve", *argv])
         assert config.model_repositories, command
 
 

@@ -132,6 +132,7 @@ def test_a_reload_that_breaks_the_ensemble_takes_it_out_until_fixed(tmp_path: Pa
         (tmp_path / "m" / "config.pbtxt").write_text(CONFIG.replace("TYPE_FP32", "TYPE_INT32"))
         await manager.load("m", {})
         assert ready(manager) == {"m"}
+        await manager.wait_unloaded()  # UNLOADING counts as not ready, as in Triton
         assert manager.is_ready()  # taken out, not failed: the server stays ready
         (tmp_path / "m" / "config.pbtxt").write_text(CONFIG)
         await manager.load("m", {})

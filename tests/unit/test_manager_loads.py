@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -135,3 +137,61 @@ def test_repository_names_follow_the_python_backend_rule(tmp_path: Path) -> None
 
     run(tmp_path / "repo", scenario, ControlMode.NONE)
 
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_load_concurrency_bounds_the_versions_starting_at_once(
+        tmp_path: Path, limit: int) -> None:
+    """--model-load-thread-count: no more versions start at once than it allows."""
+    for name in ("a", "b", "c", "d"):
+        add_model(tmp_path / "repo", name)
+    starting: list[int] = [0, 0]  # now, most seen
+    lock = threading.Lock()
+
+    def slow_backend(info: InstanceInfo, _: Any) -> FakeBackend:
+        with lock:
+            starting[0] += 1
+            starting[1] = max(starting)
+        time.sleep(0.1)
+        with lock:
+            starting[0] -= 1
+        return FakeBackend(info, [])
+
+    async def main() -> None:
+        manager = ModelManager([tmp_path / "repo"], asyncio.get_running_loop(), slow_backend,
+                               None, ControlMode.NONE, load_concurrency=limit)
+        await manager.load_startup_models([])
+        try:
+            assert sorted(e.name for e in manager.index(ready_only=True)) == ["a", "b", "c",
+                                                                              "d"]
+        finally:
+            await manager.shutdown()
+
+    asyncio.run(main())
+    assert 1 <= starting[1] <= limit
+
+
+@pytest.mark.parametrize(("retries", "state"), [(0, "UNAVAILABLE"), (1, "READY")])
+def test_load_retries_try_a_failed_version_again(tmp_path: Path, retries: int,
+                                                 state: str) -> None:
+    """--model-load-retry-count: a version that fails once loads on its second try."""
+    add_model(tmp_path / "repo", "flaky")
+    tries: list[int] = []
+
+    def flaky_backend(info: InstanceInfo, _: Any) -> FakeBackend:
+        tries.append(1)
+        if len(tries) == 1:
+            raise RuntimeError("not this time")
+        return FakeBackend(info, [])
+
+    async def main() -> None:
+        manager = ModelManager([tmp_path / "repo"], asyncio.get_running_loop(), flaky_backend,
+                               None, ControlMode.NONE, load_retries=retries)
+        await manager.load_startup_models([])
+        try:
+            assert [e.state.value for e in manager.index(ready_only=False)] == [state]
+        finally:
+            await manager.shutdown()
+
+    asyncio.run(main())
+    assert len(tries) == retries + 1

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tritium.core.errors import ErrorCode, TritiumError, invalid
+from tritium.core.log_format import ServerFormatter
 
 LogValue = bool | int | str
 TraceValue = str | list[str]
@@ -21,7 +22,7 @@ LOG_SETTING_TYPES: Mapping[str, type] = {
     "log_verbose_level": int,
     "log_format": str,
 }
-LOG_FORMATS = ("default", "ISO8601")
+LOG_FORMATS = ("default", "ISO8601", "json")
 ISO8601_DATE = "%Y-%m-%dT%H:%M:%S%z"
 UINT32_MAX = 2**32 - 1
 
@@ -67,12 +68,13 @@ class LogSettings:
         self.error = True
         self.verbose_level = 0
         self.format = "default"
+        self.file = ""  # set once at startup (--log-file); the protocol cannot change it
         self._filter = _HiddenLevels(self.logger.name)
         self._default_datefmt: dict[logging.Formatter, str | None] = {}
 
     def current(self) -> dict[str, LogValue]:
         return {
-            "log_file": "",
+            "log_file": self.file,
             "log_info": self.info,
             "log_warning": self.warning,
             "log_error": self.error,
@@ -118,6 +120,9 @@ class LogSettings:
         return handlers
 
     def _set_date_format(self, formatter: logging.Formatter) -> None:
+        if isinstance(formatter, ServerFormatter):
+            formatter.mode = self.format
+            return
         default = self._default_datefmt.setdefault(formatter, formatter.datefmt)
         formatter.datefmt = ISO8601_DATE if self.format == "ISO8601" else default
 

@@ -60,8 +60,13 @@ class InferenceService:
         repository: ModelRepository,
         loop: asyncio.AbstractEventLoop,
         extensions: tuple[str, ...] = EXTENSIONS,
+        server_id: str = SERVER_NAME,
+        strict_readiness: bool = True,
     ):
         self.repository = repository
+        self.server_id = server_id  # --id: the name server metadata answers
+        # --strict-readiness: ready only while every model meant to serve is ready.
+        self.strict_readiness = strict_readiness
         self.loop = loop
         self.extensions = extensions
         self.accepting = True  # False once shutdown begins
@@ -79,10 +84,13 @@ class InferenceService:
         return True
 
     def is_ready(self) -> bool:
-        return self.accepting and not self.leaving and self.repository.is_ready()
+        if not self.accepting or self.leaving:
+            return False
+        return not self.strict_readiness or self.repository.is_ready()
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(self.extensions)}
+        return {"name": self.server_id, "version": SERVER_VERSION,
+                "extensions": list(self.extensions)}
 
     def model(self, name: str, version: int | None = None) -> ModelHandle:
         return self.repository.resolve(name, version)
@@ -146,6 +154,10 @@ class InferenceService:
     # -- logging and trace settings ----------------------------------------------
     def log_settings(self) -> dict[str, LogValue]:
         return self._log_settings.current()
+
+    def note_log_file(self, path: str) -> None:
+        """The file the log goes to (set at startup), as the log settings report it."""
+        self._log_settings.file = path
 
     def update_log_settings(self, changes: Mapping[str, Any]) -> dict[str, LogValue]:
         """Validate and apply ``changes`` to the server's logging; returns the settings."""

@@ -128,7 +128,10 @@ class EnsembleModel:
                                   "executing", request.cancellation.cancelled_at_ns)
         log.info("request %s for model '%s' version %d cancelled while executing: %s",
                  request.describe(), self.name, self.version,
-                 reason.value if reason else "unknown")
+                 reason.value if reason else "unknown",
+                 extra={"request_id": request.describe(), "model": self.name,
+                        "version": self.version, "cancel_stage": "executing",
+                        "cancel_reason": reason.value if reason else "unknown"})
         run.cancel()
         # The service leaves a cancelled internal request (BLS) open while it executes;
         # an ensemble starts no further step, so it ends here, whoever asked.

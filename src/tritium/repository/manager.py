@@ -115,6 +115,8 @@ class ModelManager(DependencyRules):
         control_mode: ControlMode = ControlMode.NONE,
         unload_timeout_s: float = 30.0,
         create_ensemble: EnsembleFactory | None = None,
+        load_concurrency: int | None = None,
+        load_retries: int = 0,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -129,15 +131,21 @@ class ModelManager(DependencyRules):
         self._retiring: set[asyncio.Task[None]] = set()
         self.create_ensemble = create_ensemble
         self._installs = 0  # counts swaps, for ModelEntry.installed_at
+        # --model-load-thread-count: versions whose instances start at the same time.
+        self._load_slots = (asyncio.Semaphore(load_concurrency)
+                            if load_concurrency is not None else None)
+        self.load_retries = load_retries  # --model-load-retry-count
 
     # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
         """Load what the control mode says to load at startup (``*`` means all)."""
         found, broken = find_models(self.repositories)
+        everything = self.control_mode is not ControlMode.EXPLICIT or "*" in names
         for name, reason in broken.items():
-            self.models[name] = ModelEntry(name, None, reason=reason)
+            if everything or name in names:  # one never asked for does not fail startup
+                self.models[name] = ModelEntry(name, None, reason=reason)
         wanted = sorted(found)
-        if self.control_mode is ControlMode.EXPLICIT and "*" not in names:
+        if not everything:
             wanted = [n for n in wanted if n in names]
             for name in names:
                 if name not in found and name not in broken:
@@ -200,6 +208,10 @@ class ModelManager(DependencyRules):
                 log.info("model '%s' was removed from the repository: unloading", name)
                 async with self._locks.hold(name):
                     self._retire_entry(name)
+            elif not any(s.model is not None for s in self.models[name].versions.values()):
+                # A failed (or unloaded) model that is gone: nothing is meant to serve it,
+                # so it no longer holds strict readiness down.
+                del self.models[name]
         for name, model_dir in sorted(found.items()):
             entry = self.models.get(name)
             if entry is not None and entry.fingerprint == fingerprint(model_dir):
@@ -329,14 +341,28 @@ class ModelManager(DependencyRules):
 
     async def _start_version(self, name: str, model_dir: Path, version: int, config: Any
                              ) -> ServedVersion | str:
-        try:
-            model = self._new_version(model_dir, version, config)
+        """The started version, or why it failed after ``load_retries`` more tries."""
+        for attempt in range(self.load_retries + 1):
+            try:
+                model = self._new_version(model_dir, version, config)
+                await self._start_in_slot(model)
+            except Exception as exc:
+                reason = _reason(exc)
+                if attempt < self.load_retries:
+                    log.warning("model '%s' version %d failed to load (try %d of %d): %s",
+                                name, version, attempt + 1, self.load_retries + 1, reason)
+                    continue
+                log.error("model '%s' version %d failed to load: %s", name, version, reason)
+                return reason
+            return model
+        raise AssertionError("unreachable: the last try returns")
+
+    async def _start_in_slot(self, model: ServedVersion) -> None:
+        if self._load_slots is None:
             await model.start(self.loop, self.create_backend)
-        except Exception as exc:
-            reason = _reason(exc)
-            log.error("model '%s' version %d failed to load: %s", name, version, reason)
-            return reason
-        return model
+            return
+        async with self._load_slots:
+            await model.start(self.loop, self.create_backend)
 
     def _new_version(self, model_dir: Path, version: int, config: Any) -> ServedVersion:
         if not is_ensemble(config):
@@ -429,6 +455,10 @@ class ModelManager(DependencyRules):
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
+    async def wait_unloaded(self) -> None:
+        """Until every version taken out of service so far has drained and stopped."""
+        await asyncio.gather(*list(self._retiring), return_exceptions=True)
+
     async def _drain_and_stop(self, retired: list[tuple[ServedVersion, VersionEntry | None]],
                               holder: OverrideDir | None) -> None:
         await asyncio.gather(*(self._drain_one(model, slot) for model, slot in retired))
@@ -516,15 +546,40 @@ class ModelManager(DependencyRules):
         return rows
 
     def is_ready(self) -> bool:
-        """False when a model that should serve failed to load; models taken out of
-        service on purpose (unloaded, unloading) or being (re)loaded do not count."""
+        """Triton's strict readiness: every model meant to serve is READY and up.
+
+        A version loading, unloading, or failed makes the server not ready; one unloaded
+        on purpose does not count; a READY version whose instance process died (and is
+        restarting) is not ready until it is back. A reload keeps the serving version
+        READY while the new one starts, so a reload alone never flips readiness.
+        """
+        if self.failed_models():
+            return False
         for entry in self.models.values():
-            if not entry.versions and entry.reason not in ("", UNLOADED):
-                return False
             for slot in entry.versions.values():
-                if slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED:
-                    return False
+                if slot.state is ModelState.READY:
+                    if slot.model is not None and not _up(slot.model):
+                        return False
+                elif slot.state is not ModelState.UNAVAILABLE:
+                    return False  # LOADING or UNLOADING
         return True
+
+    def failed_models(self) -> list[str]:
+        """Models that should serve and failed to load (or were not found)."""
+        return [name for name, entry in sorted(self.models.items()) if _failed(entry)]
+
+
+def _failed(entry: ModelEntry) -> bool:
+    if not entry.versions:
+        return entry.reason not in ("", UNLOADED)
+    return any(slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED
+               for slot in entry.versions.values())
+
+
+def _up(model: ServedVersion) -> bool:
+    """Every instance of ``model`` runs (Triton asks each instance of the model)."""
+    instances = getattr(model, "instances", ())  # an ensemble has none of its own
+    return model.is_ready() and all(getattr(i, "ready", True) for i in instances)
 
 
 def _latest_ready(entry: ModelEntry) -> VersionEntry:

@@ -243,7 +243,10 @@ class SequenceScheduler(ModelScheduler):
             self._count_cancel(other, "queued")
         log.info("sequence %s for model '%s' version %d released: request %s was cancelled "
                  "while queued (%d more of its requests cancelled)", sequence.correlation_id,
-                 self.model_name, self.version, cause.describe(), len(others))
+                 self.model_name, self.version, cause.describe(), len(others),
+                 extra={"request_id": cause.describe(), "model": self.model_name,
+                        "version": self.version, "cancel_stage": "queued",
+                        "cancel_reason": reason.value})
 
     def _mark_idle(self, sequence: _Sequence) -> None:
         now = self._clock.now_ns()

@@ -14,9 +14,11 @@ from typing import Any
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.instance import DoneCallback, ModelInstance
+from tritium.execution.process import shm
 from tritium.execution.process.environment import PARAMETER as ENV_PARAMETER
 from tritium.execution.process.launch import supervised_instance
 from tritium.execution.process.supervisor import SupervisedInstance
+from tritium.feature_config import ProcessArenaSettings
 
 KIND_PARAMETER = "TRITIUM_INSTANCE_KIND"
 log = logging.getLogger("tritium.execution")
@@ -26,9 +28,12 @@ _default_kind = "thread"
 _service: Any = None  # the server's InferenceService, for calls from instance processes
 
 
-def configure(default_kind: str, service: Any) -> None:
+def configure(default_kind: str, service: Any,
+              arena: ProcessArenaSettings | None = None) -> None:
     """Set by the server once at startup (one server per process, as scope.py assumes)."""
     global _default_kind, _service
+    if arena is not None:
+        shm.configure(arena.ring_bytes, arena.name_prefix)
     if default_kind not in KINDS:
         raise ValueError(f"instance kind must be one of {', '.join(KINDS)}: {default_kind!r}")
     _default_kind = default_kind

@@ -13,6 +13,7 @@ import mmap
 import os
 
 from tritium.core.cancellation import Cancellation, CancelReason
+from tritium.execution.process.shm import layout
 
 SLOTS = 1 << 16
 _REASONS = list(CancelReason)
@@ -28,7 +29,7 @@ class FlagTable:
 
     def __init__(self, slots: int = SLOTS) -> None:
         self.slots = slots
-        self.fd = os.memfd_create("tritium-flags", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(f"{layout().name_prefix}flags", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, slots)
         self._mm = mmap.mmap(self.fd, slots)
         self._free = list(range(slots - 1, -1, -1))

@@ -39,12 +39,12 @@ from tritium.execution.process.channel import CallContext, Frame, ParentChannel
 from tritium.execution.process.flags import FlagTable
 from tritium.execution.process.shm import (
     DEFAULT_CAPACITY,
-    RING_BYTES,
     ArenaReader,
     ArenaWriter,
     Mapping,
     create_memfd,
 )
+from tritium.execution.process.shm import layout as shm_layout
 
 log = logging.getLogger("tritium.execution")
 
@@ -112,9 +112,10 @@ class ProcessInstance:
     async def start(self) -> None:
         """Spawn the process and wait for the model's ``initialize`` to finish."""
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        down = create_memfd(f"tritium-{self.name}-in", DEFAULT_CAPACITY)
-        up = create_memfd(f"tritium-{self.name}-out", DEFAULT_CAPACITY)
-        self._writer = ArenaWriter(Mapping(down, DEFAULT_CAPACITY))
+        arena = shm_layout()
+        down = create_memfd(f"{arena.name_prefix}{self.name}-in", DEFAULT_CAPACITY)
+        up = create_memfd(f"{arena.name_prefix}{self.name}-out", DEFAULT_CAPACITY)
+        self._writer = ArenaWriter(Mapping(down, DEFAULT_CAPACITY), arena.ring_bytes)
         self._reader = ArenaReader(Mapping(up, DEFAULT_CAPACITY))
         fds = [child_sock.fileno(), down, up, self._flags.fd]
         env = dict(os.environ)
@@ -134,7 +135,7 @@ class ProcessInstance:
         self._loop.create_task(self._watch(self._process))
         placement = placement_module.current()
         self._channel.send((ch.INIT, asdict(self.info), self.config.SerializeToString(),
-                            DEFAULT_CAPACITY, RING_BYTES, self._flags.slots,
+                            DEFAULT_CAPACITY, arena.ring_bytes, self._flags.slots,
                             (placement.home, sorted(placement.everywhere))))
         await asyncio.shield(self._ready)
 

@@ -22,6 +22,7 @@ import os
 import struct
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,30 @@ DEFAULT_CAPACITY = int(os.environ.get("TRITIUM_PROCESS_ARENA_BYTES", 2 << 30))
 RING_BYTES = 8 << 20
 LARGE = 256 << 10  # blocks above this come from the large region
 _SIZE = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaLayout:
+    """What --backend-config=python,... chose: the ring's size (shm-default-byte-size) and
+    the memfd names' prefix (shm-region-prefix-name); set once at startup."""
+
+    ring_bytes: int = RING_BYTES
+    name_prefix: str = "tritium-"
+
+
+_layout = ArenaLayout()
+
+
+def configure(ring_bytes: int | None, name_prefix: str) -> None:
+    global _layout
+    ring = RING_BYTES if ring_bytes is None else _align(ring_bytes)
+    # The ring sits inside the arena, next to the large-block region.
+    _layout = ArenaLayout(min(ring, DEFAULT_CAPACITY // 2), name_prefix)
+
+
+def layout() -> ArenaLayout:
+    return _layout
+
 
 # A packed tensor: (name, datatype code, shape, offset in the block, byte count).
 TensorDesc = tuple[str, int, tuple[int, ...], int, int]

@@ -69,6 +69,12 @@ class GrpcLimits:
     message_progress_timeout_s: float = 60.0
     # Open connections on the listener; more are closed at once.
     max_connections: int = 1024
+    # A connection older than this (give or take a tenth, so they do not all go at once) is
+    # sent GOAWAY, so its client reconnects and a load balancer spreads clients again; calls
+    # still running a grace later are ended. None: no limit (grpc-core's
+    # max_connection_age and max_connection_age_grace).
+    max_connection_age_s: float | None = None
+    max_connection_age_grace_s: float | None = None
     flood: FloodLimits = field(default_factory=FloodLimits)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +81,8 @@ class GrpcConnection:
         self.now: Callable[[], float] = self._loop.time
         now = self._loop.time()
         self.opened_at = self.idle_since = now
+        self._max_age = _jittered(limits.max_connection_age_s)
+        self._aged_at: float | None = None  # when the GOAWAY for age went out
         self._headers = HeaderDecoder(limits.max_header_list_bytes)
         self.calls: dict[int, Call] = {}
         self._last_stream = 0
@@ -382,6 +385,8 @@ class GrpcConnection:
             if now - self.opened_at > limits.preface_timeout_s:
                 self._output.close()
             return
+        if self._max_age is not None and now - self.opened_at > self._max_age:
+            self._leave_for_age(now)
         if not self.calls and now - self.idle_since > limits.idle_timeout_s:
             log.debug("closing a gRPC connection idle for %.0f s", now - self.idle_since)
             self.go_away()
@@ -396,6 +401,16 @@ class GrpcConnection:
                 self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED if starved else
                             GrpcStatus.CANCELLED, "the server's request buffer is full"
                             if starved else "request message stopped arriving", CALL_BROKEN)
+
+    def _leave_for_age(self, now: float) -> None:
+        """GOAWAY once; the grace counts from it, as in grpc-core."""
+        if self._aged_at is None:
+            self._aged_at = now
+            self.go_away()
+        grace = self.limits.max_connection_age_grace_s
+        if grace is not None and now - self._aged_at > grace and self.calls \
+                and not self.closed:
+            self.shut_down(GrpcStatus.UNAVAILABLE, "the connection reached its maximum age")
 
     def go_away(self) -> None:
         """Refuse new streams; close once the calls in flight have finished."""
@@ -432,3 +447,7 @@ class GrpcConnection:
         self.closed = True
         self._reader.stop()  # the frames after this one in the read are not handled
         self._output.close()
+
+
+def _jittered(age_s: float | None) -> float | None:
+    return None if age_s is None else age_s * random.uniform(0.9, 1.1)

@@ -1,0 +1,203 @@
+"""Turns the parsed multi-part flags into ``feature_config`` settings, merging the older
+flags into the newer ones as tritonserver does (the newer one wins)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tritium import cli_flags
+from tritium.cli_values import trace_level, trace_mode
+from tritium.feature_config import (
+    BackendConfig,
+    CacheConfig,
+    FeatureConfig,
+    LogConfig,
+    MetricsConfig,
+    ProcessArenaSettings,
+    RateLimitConfig,
+    TraceConfig,
+    group,
+)
+
+MIB = 1 << 20
+# python backend settings that mean nothing for this server's instance processes, and why.
+_PYTHON_IGNORED = {
+    "shm-growth-byte-size": "the arena maps its whole capacity up front (sparse memory), "
+                            "so it never grows",
+    "stub-timeout-seconds": "an instance process's death is seen at once on its socket; "
+                            "there is no health poll to time out",
+    "thread-pool-size": "an instance process runs one request batch at a time",
+    "shm-message-queue-size": "messages to an instance process go over a socket, not a "
+                              "shared-memory queue",
+}
+# Settings Triton hands every backend that its python backend does not read either.
+_PYTHON_SILENT = frozenset({"default-max-batch-size"})
+
+
+class FlagError(ValueError):
+    """A flag's value that parsed but cannot be used; the message names the flag."""
+
+
+def server_settings(args: argparse.Namespace, exit_on_error: bool) -> dict[str, Any]:
+    """``ServerConfig``'s fields from tritonserver's server, repository, log and
+    multi-part flags; ``exit_on_error`` is the command's default."""
+    settings = features(args)
+    threads = args.model_load_thread_count
+    return {
+        "server_id": args.id if args.id is not None else "triton",
+        "strict_readiness": args.strict_readiness is not False,
+        "exit_on_error": exit_on_error if args.exit_on_error is None else args.exit_on_error,
+        "auto_complete_config": auto_complete(args),
+        "model_load_thread_count": None if threads is None else max(threads, 1),
+        "model_load_retry_count": max(args.model_load_retry_count or 0, 0),
+        "log": log_config(args),
+        "features": settings,
+        "process_arena": python_backend(settings.backends)[0],
+    }
+
+
+def warnings(args: argparse.Namespace) -> list[str]:
+    """One line per kind of flag given that this server accepts without doing it."""
+    found = cli_flags.notices(args)
+    backends = features(args).backends
+    found.no_such_hardware.extend(other_backends(backends))
+    found.ignored.extend(python_backend(backends)[1])
+    deprecated = []
+    if args.strict_model_config is not None:
+        deprecated.append("'--strict-model-config' is deprecated (it still works): use "
+                          "'--disable-auto-complete-config' instead")
+    return deprecated + found.warnings()
+
+
+def features(args: argparse.Namespace) -> FeatureConfig:
+    return FeatureConfig(
+        trace=trace_config(args),
+        cache=cache_config(args),
+        rate_limit=RateLimitConfig(args.rate_limit or "off",
+                                   tuple(args.rate_limit_resource or ())),
+        metrics=MetricsConfig(
+            allow_cpu_metrics=bool(args.allow_metrics and args.allow_cpu_metrics is not False),
+            interval_ms=args.metrics_interval_ms if args.metrics_interval_ms is not None
+            else 2000.0,
+            settings=tuple(args.metrics_config or ())),
+        backends=BackendConfig(*group(list(args.backend_config or []))),
+        host_policies=tuple(args.host_policy or ()),
+    )
+
+
+def log_config(args: argparse.Namespace) -> LogConfig:
+    def on(value: bool | None) -> bool:
+        return True if value is None else value
+
+    return LogConfig(info=on(args.log_info), warning=on(args.log_warning),
+                     error=on(args.log_error), format=args.log_format or "default",
+                     file=args.log_file or None)
+
+
+def auto_complete(args: argparse.Namespace) -> bool:
+    """--disable-auto-complete-config wins over the older --strict-model-config=false."""
+    if args.disable_auto_complete_config:
+        return False
+    return args.strict_model_config is not True
+
+
+def trace_config(args: argparse.Namespace) -> TraceConfig:
+    settings: list[tuple[str, str, str]] = list(args.trace_config or [])
+    global_pairs, modes = group(settings)
+    levels = list(args.trace_level or [])
+    rate = _int(args.trace_rate, 1000)
+    count = _int(args.trace_count, -1)
+    mode = "triton"
+    for key, value in global_pairs:
+        if key == "level":
+            levels.append(_checked(trace_level, value, "level"))
+        elif key == "rate":
+            rate = _checked(int, value, "rate")
+        elif key == "count":
+            count = _checked(int, value, "count")
+        elif key == "mode":
+            mode = _checked(trace_mode, value, "mode")
+    # An explicit OFF anywhere wins, as in tritonserver.
+    off = "OFF" in levels or not levels
+    level = ("OFF",) if off else tuple(dict.fromkeys(levels))
+    triton = dict(next((pairs for name, pairs in modes if name == "triton"), ()))
+    older = {"file": args.trace_file, "log-frequency": args.trace_log_frequency}
+    for key, value in older.items():
+        if value is not None and key not in triton:
+            triton[key] = str(value)
+    merged = [(n, p) for n, p in modes if n != "triton"]
+    if triton:
+        merged.append(("triton", tuple(triton.items())))
+    return TraceConfig(mode=mode, level=level, rate=rate, count=count, modes=tuple(merged))
+
+
+def _checked(parse: Any, value: str, key: str) -> Any:
+    try:
+        return parse(value)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise FlagError(f'--trace-config {key}: {exc}') from None
+
+
+def _int(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def cache_config(args: argparse.Namespace) -> CacheConfig | None:
+    settings = list(args.cache_config or [])
+    if settings and args.response_cache_byte_size is not None:
+        raise FlagError("Incompatible flags --response-cache-byte-size and --cache-config "
+                        "both provided. Please provide one or the other.")
+    if args.response_cache_byte_size is not None:
+        return CacheConfig("local", (("size", str(args.response_cache_byte_size)),))
+    if not settings:
+        return None
+    _, caches = group(settings)
+    if len(caches) > 1:
+        raise FlagError("--cache-config: found multiple cache configurations, but only a "
+                        "single cache is supported")
+    name, pairs = caches[0]
+    return CacheConfig(name, pairs)
+
+
+def python_backend(backends: BackendConfig) -> tuple[ProcessArenaSettings, list[str]]:
+    """The process arena's settings from --backend-config=python,...; and one note per
+    setting accepted without effect."""
+    ring_bytes: int | None = None
+    prefix = ProcessArenaSettings().name_prefix
+    notes: list[str] = []
+    for key, value in backends.of("python").items():
+        if key == "shm-default-byte-size":
+            ring_bytes = _byte_size(key, value, MIB)
+        elif key == "shm-region-prefix-name":
+            prefix = _prefix(value)
+        elif key in _PYTHON_IGNORED:
+            _byte_size(key, value, 1)  # a bad number is still refused, as Triton does
+            notes.append(f"--backend-config=python,{key} ({_PYTHON_IGNORED[key]})")
+        elif key not in _PYTHON_SILENT:
+            notes.append(f"--backend-config=python,{key} (not a python backend setting)")
+    return ProcessArenaSettings(ring_bytes, prefix), notes
+
+
+def _byte_size(key: str, value: str, least: int) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        size = -1
+    if size < least:
+        raise FlagError(f"--backend-config=python,{key}: expected an integer >= {least}, "
+                        f"got '{value}'")
+    return size
+
+
+def _prefix(value: str) -> str:
+    # It names memfds: one path component, no separators.
+    if "/" in value or "\0" in value:
+        raise FlagError("--backend-config=python,shm-region-prefix-name: no '/' allowed, "
+                        f"got '{value}'")
+    return value
+
+
+def other_backends(backends: BackendConfig) -> list[str]:
+    return [f"--backend-config={name},... (only the built-in python backend runs here)"
+            for name in backends.backends() if name != "python"]
