@@ -23,6 +23,8 @@ class TritiumProcess:
             "--http-address", "127.0.0.1", "--http-port", "0",
             "--grpc-address", "127.0.0.1", "--grpc-port", "0",
             "--metrics-address", "127.0.0.1", "--metrics-port", "0",
+            # Tests stop their servers with SIGTERM: no lame duck unless a test asks for one.
+            "--lame-duck-secs", "0",
             *extra_args,
         ]
         self.env = {**os.environ, **(env or {})}

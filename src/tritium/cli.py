@@ -48,6 +48,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text}")
+    return value
+
+
 def _cores(text: str) -> frozenset[int]:
     """"0", "0,2", "0-3": the CPU cores the server may run on."""
     cores: set[int] = set()
@@ -105,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--exit-timeout-secs", type=float, default=30.0,
         help="how long shutdown (and an unload) waits for in-flight requests before "
         "cancelling them")
+    add("--lame-duck-secs", type=_non_negative_float, default=5.0,
+        help="on SIGTERM, report not ready but keep serving this long (so load balancers and "
+             "Kubernetes endpoints stop sending here first), then stop admitting and drain; "
+             "SIGINT skips it")
     add("--log-verbose", type=int, default=0)
     add("--http-max-input-size", type=_positive, default=64 * 1024 * 1024,
         help="largest accepted HTTP request body, in bytes")
@@ -254,6 +265,7 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         load_models=tuple(args.load_models),
         repository_poll_secs=args.repository_poll_secs,
         exit_timeout_secs=args.exit_timeout_secs,
+        lame_duck_secs=args.lame_duck_secs,
         log_verbose=args.log_verbose,
         http_max_input_size=args.http_max_input_size,
         http_header_timeout_secs=args.http_header_timeout_secs,

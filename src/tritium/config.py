@@ -42,6 +42,8 @@ class ServerConfig:
     load_models: tuple[str, ...] = field(default_factory=tuple)
     repository_poll_secs: float = 15.0
     exit_timeout_secs: float = 30.0
+    # On SIGTERM: seconds of "not ready, still serving" before admission stops (server.py).
+    lame_duck_secs: float = 5.0
     log_verbose: int = 0
     http_max_input_size: int = 64 * 1024 * 1024
     http_header_timeout_secs: float = 30.0

@@ -54,7 +54,7 @@ def run(config: ServerConfig) -> int:
 
 async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
-    stop = _install_signal_handlers(loop)
+    stop = _install_signal_handlers(loop, config.lame_duck_secs)
     _place_threads(loop)
     shared_memory = SharedMemoryRegistry(config.allow_client_shm)
     service, manager = _build_core(config, loop, shared_memory)
@@ -75,7 +75,10 @@ async def serve(config: ServerConfig) -> int:
     log.info("server ready: %d model(s) loaded", len(manager.loaded_models()))
 
     await stop.wait()
-    code = await _shutdown(config, service, manager, _Listeners(http, grpc, metrics), poller)
+    listeners = _Listeners(http, grpc, metrics)
+    if stop.lame_duck:
+        await _lame_duck(config.lame_duck_secs, service, listeners)
+    code = await _shutdown(config, service, manager, listeners, poller)
     shared_memory.close()  # no request is left to read or write a region
     return code
 
@@ -212,30 +215,37 @@ def _log_models(manager: ModelManager) -> None:
 
 
 class _Stop:
-    """Set by the first signal; a second signal ends the process at once."""
+    """Set by the first signal; a second signal ends the process at once.
 
-    def __init__(self) -> None:
+    SIGTERM is what orchestrators and load balancers' owners send, so it begins with the
+    lame duck; SIGINT is a person at a terminal, who wants the server gone now.
+    """
+
+    def __init__(self, lame_duck_secs: float) -> None:
         self.event = asyncio.Event()
         self.signals = 0
+        self.lame_duck_secs = lame_duck_secs
+        self.lame_duck = False
 
-    def trigger(self) -> None:
+    def trigger(self, sig: signal.Signals) -> None:
         self.signals += 1
         if self.signals > 1:
             log.warning("second signal: exiting immediately")
             logging.shutdown()
             # Not SystemExit: interpreter teardown would wait on model and gRPC threads.
             os._exit(EXIT_IMMEDIATELY)
-        log.info("signal received: shutting down")
+        self.lame_duck = sig is signal.SIGTERM and self.lame_duck_secs > 0
+        log.info("%s received: shutting down", sig.name)
         self.event.set()
 
     async def wait(self) -> None:
         await self.event.wait()
 
 
-def _install_signal_handlers(loop: asyncio.AbstractEventLoop) -> _Stop:
-    stop = _Stop()
+def _install_signal_handlers(loop: asyncio.AbstractEventLoop, lame_duck_secs: float) -> _Stop:
+    stop = _Stop(lame_duck_secs)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.trigger)
+        loop.add_signal_handler(sig, stop.trigger, sig)
     return stop
 
 
@@ -244,6 +254,24 @@ class _Listeners:
     http: HttpServer | None
     grpc: GrpcServer | None
     metrics: MetricsServer | None
+
+
+async def _lame_duck(seconds: float, service: InferenceService, listeners: _Listeners) -> None:
+    """Report not ready while still serving everything, so that health-checking load
+    balancers and Kubernetes endpoints take this server out before it refuses anything.
+
+    Keep-alive clients are asked to reconnect (HTTP ``Connection: close`` on each next
+    response, a graceful gRPC GOAWAY), which moves them off this server without an error.
+    """
+    service.start_leaving()
+    log.info("lame duck: reporting not ready, still serving for %g s (--lame-duck-secs)",
+             seconds)
+    if listeners.http is not None:
+        listeners.http.answer_last_exchanges()
+    if listeners.grpc is not None:
+        listeners.grpc.ask_clients_to_leave()
+    await asyncio.sleep(seconds)
+    log.info("lame duck over: %d request(s) in flight", len(service.in_flight()))
 
 
 async def _shutdown(config: ServerConfig, service: InferenceService, manager: ModelManager,

@@ -65,6 +65,8 @@ class InferenceService:
         self.loop = loop
         self.extensions = extensions
         self.accepting = True  # False once shutdown begins
+        # Still admitting, but telling load balancers to send no more (a lame duck).
+        self.leaving = False
         # Admitted requests whose final response is not sent yet, whatever their model.
         # Each is also in its model version's own set (``ModelHandle.enqueue``): a shutdown
         # waits for the server's, an unload for one version's, while others keep running.
@@ -77,7 +79,7 @@ class InferenceService:
         return True
 
     def is_ready(self) -> bool:
-        return self.accepting and self.repository.is_ready()
+        return self.accepting and not self.leaving and self.repository.is_ready()
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(self.extensions)}
@@ -246,6 +248,11 @@ class InferenceService:
         await self._in_flight.wait_empty()
 
     # -- lifecycle -------------------------------------------------------------
+    def start_leaving(self) -> None:
+        """Shutdown is coming: readiness fails from now on, requests are still admitted
+        (until ``stop_accepting``) so that none is refused before load balancers notice."""
+        self.leaving = True
+
     def stop_accepting(self) -> None:
         """Shutdown began: readiness fails and ``submit`` refuses from now on."""
         self.accepting = False

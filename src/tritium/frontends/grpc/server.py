@@ -105,15 +105,21 @@ class GrpcServer:
         self.port: int = server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
+    def ask_clients_to_leave(self) -> None:
+        """A graceful GOAWAY on every connection: calls in flight finish, and clients open
+        their next call on a new connection (through their load balancer, elsewhere). New
+        connections are still served."""
+        for shell in list(self._endpoint.connections):
+            if shell.conn is not None:
+                shell.conn.go_away()
+
     async def stop(self, grace: float) -> None:
         """Refuse new calls, give running ones ``grace`` seconds, then end the rest
         UNAVAILABLE (their requests are cancelled as SHUTDOWN)."""
         self._server.close()
         self._sweeper.cancel()
         endpoint = self._endpoint
-        for shell in list(endpoint.connections):
-            if shell.conn is not None:
-                shell.conn.go_away()
+        self.ask_clients_to_leave()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(endpoint.calls.wait_empty(), timeout=grace)
         for shell in list(endpoint.connections):

@@ -51,7 +51,7 @@ class HttpConnection(RequestReader):
         # (or of TLS handshakes) must not pass the listener's cap together.
         self._connected = False
         connections.add(self)
-        self.closing = False  # the response being written is the last one
+        self.closing = connections.last_exchanges  # the response being written is the last one
         self._reading_paused = False
         self._continue_wanted = False
 

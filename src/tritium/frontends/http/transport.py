@@ -31,6 +31,7 @@ class OpenConnections:
         self._name = name
         self._refusing = False
         self.draining = False  # each connection closes once it has nothing in progress
+        self.last_exchanges = False  # each connection's next response is its last
 
     def full(self) -> bool:
         """At the cap: log the first refusal of a run of them."""
@@ -94,6 +95,14 @@ class HttpServer:
         """Close connections with no request in progress, queued or partly received."""
         for conn in self._connections.members:
             conn.close_if_idle()
+
+    def answer_last_exchanges(self) -> None:
+        """Every connection, open or still to come, closes after its next response (which
+        says ``Connection: close``), so keep-alive clients reconnect, through their load
+        balancer, to another server; nothing is refused meanwhile."""
+        self._connections.last_exchanges = True
+        for conn in self._connections.members:
+            conn.closing = True
 
     def close_when_idle(self) -> None:
         """Close every connection once it has no request in progress: the idle ones now,
