@@ -8,6 +8,7 @@ environment. Everything they write goes under a temporary prefix; each is stoppe
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,6 +25,7 @@ HAPROXY_CONFIG = DEPLOY / "haproxy" / "tritium.cfg"
 # Debian installs both under /usr/sbin, which is not on every user's PATH.
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
 START_S = 20.0
+VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
 TEXT_IO = (_tensor("input", "text_input", "BYTES", "1")
            + _tensor("input", "max_tokens", "INT32", "1", " optional: true")
            + _tensor("output", "text_output", "BYTES", "1"))
@@ -66,10 +68,11 @@ def replica_addresses(replicas: list[TritiumProcess]) -> dict[str, str]:
 
 
 def render(template: str, values: dict[str, str]) -> str:
-    """envsubst with a list of variables: ``${NAME}`` for those names, nothing else."""
-    for name, value in values.items():
-        template = template.replace("${" + name + "}", value)
-    return template
+    """envsubst with a list of variables: ``$NAME`` or ``${NAME}`` for those names, every
+    other ``$`` (nginx's own variables) left as it is."""
+    def value(found: re.Match[str]) -> str:
+        return values.get(found.group(1) or found.group(2), found.group(0))
+    return VARIABLE.sub(value, template)
 
 
 class Proxy:

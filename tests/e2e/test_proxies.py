@@ -6,12 +6,15 @@ turned the wrong way, the replica's model works on for nobody."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -19,8 +22,19 @@ import tritonclient.grpc as grpcclient
 
 from tests.e2e.leaving import STOP_BOUND_S, cancel_line, http_raw_request, new_id
 from tests.e2e.leaving_http import body, close
-from tests.e2e.observe import Records
-from tests.e2e.proxies import HAProxy, Nginx, Proxy, binary, build_replica_repository
+from tests.e2e.observe import Records, wait_until
+from tests.e2e.proxies import (
+    DEPLOY,
+    NGINX_TEMPLATE,
+    HAProxy,
+    Nginx,
+    Proxy,
+    binary,
+    build_replica_repository,
+    render,
+)
+from tests.e2e.steady_load import Replica, SteadyLoad, wait_up
+from tests.e2e.test_readme import readme_blocks
 from tests.server_process import TritiumProcess
 
 # Long enough that only a cancel ends the work; a wrong setting's test waits for it instead.
@@ -29,6 +43,8 @@ WASTED_S = 1.5
 HTTP_CELLS = [("infer", "slow"), ("generate", "slow"), ("generate_stream", "slow"),
               ("generate_stream", "slow_decoupled")]
 PACKAGES = {"nginx": "nginx", "haproxy": "haproxy"}
+# Long enough for HAProxy's checks (every 500 ms, 2 failures) to notice on a busy machine.
+LAME_DUCK_S = 4.0
 
 
 def require(name: str) -> None:
@@ -55,9 +71,13 @@ def replicas(tmp_path_factory: pytest.TempPathFactory, record_dir: Path
         assert codes == [0] * len(started), [replica.log() for replica in started]
 
 
+Started = TypeVar("Started", bound=Proxy)
+
+
 @contextmanager
-def running(make: Callable[[], Proxy]) -> Iterator[Proxy]:
-    proxy = make().start()
+def running(make: Callable[[], Started]) -> Iterator[Started]:
+    proxy = make()
+    proxy.start()
     try:
         yield proxy
     finally:
@@ -68,7 +88,7 @@ def running(make: Callable[[], Proxy]) -> Iterator[Proxy]:
 def proxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
           replicas: list[TritiumProcess]) -> Iterator[Proxy]:
     require(request.param)
-    kind = Nginx if request.param == "nginx" else HAProxy
+    kind: type[Proxy] = Nginx if request.param == "nginx" else HAProxy
     with running(lambda: kind(tmp_path_factory.mktemp(request.param), replicas)) as started:
         yield started
 
@@ -185,3 +205,50 @@ def test_a_wrong_setting_lets_the_model_work_for_nobody(
         close(sock)
         records.wait_for(rid, "done", timeout=WASTED_S + 10)
     assert records.events(rid) == ["start", "done"]
+
+
+def test_a_rolling_restart_behind_haproxy_fails_no_request(tmp_path: Path) -> None:
+    """One of two replicas restarted under steady HTTP and gRPC load: its lame duck keeps it
+    serving while HAProxy's health checks take it out, so no client sees an error."""
+    require("haproxy")
+    repo = build_replica_repository(tmp_path / "repo", tmp_path)
+    replicas: list[Replica] = []
+    try:
+        for _ in range(2):
+            replicas.append(Replica(repo, "--lame-duck-secs", str(LAME_DUCK_S)))
+        with running(lambda: HAProxy(tmp_path / "haproxy", [r.process for r in replicas])
+                     ) as haproxy, SteadyLoad(haproxy, http_clients=1, grpc_clients=1) as load:
+            sent = load.tally.sent
+            wait_until(lambda: min(sent["HTTP"], sent["gRPC"]) >= 20, "load under way")
+            offset, leaving = len(haproxy.log()), replicas[0].process
+            replicas[0].restart()
+            wait_up(haproxy, "replica1", offset)
+            after = dict(sent)
+            wait_until(lambda: min(sent["HTTP"] - after["HTTP"], sent["gRPC"] - after["gRPC"])
+                       >= 20, "load after the restart")
+        assert "tritium_http/replica1 is DOWN" in haproxy.log()[offset:], haproxy.log()
+        assert "lame duck" in leaving.log(), leaving.log()
+        assert not load.tally.failed, load.tally.reasons
+    finally:
+        for replica in replicas:
+            replica.process.stop()
+
+
+def test_the_readme_proxy_commands_render_what_the_tests_run(tmp_path: Path) -> None:
+    """The README's block, run as written (the nginx file written here rather than to /etc,
+    HAProxy asked to check its configuration rather than serve), gives the nginx
+    configuration these tests render and a configuration HAProxy accepts."""
+    require("haproxy")
+    if binary("envsubst") is None:
+        pytest.skip("envsubst is not installed (apt-get install gettext-base)")
+    block = next(b for b in readme_blocks() if "envsubst" in b.text)
+    rendered = tmp_path / "tritium.conf"
+    script = "\n".join(block.commands).replace("/etc/nginx/conf.d/tritium.conf", str(rendered))
+    script = script.replace("haproxy -f", f"{binary('haproxy')} -c -f")
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=DEPLOY.parent, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "valid" in done.stdout, (done.stdout, done.stderr)
+    export = next(c for c in block.commands if c.startswith("export "))
+    values = dict(word.split("=", 1) for word in shlex.split(export)[1:])
+    assert rendered.read_text() == render(NGINX_TEMPLATE.read_text(), values)
+    assert not re.findall(r"\$\{\w+\}", rendered.read_text()), "a variable left unrendered"

@@ -34,6 +34,10 @@ SERVE = ("tritium serve", "python -m tritium serve", "tritonserver")
 NOT_RUN = {
     "pip install": "CI installs the project exactly so (.ci/run)",
     "python -m pytest": "this is that run",
+    "export LISTEN_HTTP=": "test_proxies.py runs the proxy block, then both proxies on its files",
+    "envsubst ": "test_proxies.py runs the proxy block, then both proxies on its files",
+    "haproxy -f": "test_proxies.py runs the proxy block, then both proxies on its files",
+    "python bench/": "benchmarks print figures; bench/README.md",
 }
 STREAM_SECONDS = 2.0  # how long a "press ctrl-C" stream runs before the client leaves
 
