@@ -14,7 +14,7 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.proxies import HAProxy, free_port
+from tests.e2e.proxies import HAProxy, Proxy, free_port
 from tests.server_process import TritiumProcess
 
 BODY = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]}
@@ -66,7 +66,7 @@ def grpc_client(url: str, tally: Tally, stop: threading.Event) -> None:
 class SteadyLoad:
     """Client threads sending through ``proxy`` from entry until exit; ``tally`` counts."""
 
-    def __init__(self, proxy: HAProxy, http_clients: int, grpc_clients: int):
+    def __init__(self, proxy: Proxy, http_clients: int, grpc_clients: int):
         self.tally, self.stop = Tally(), threading.Event()
         self.threads = (
             [threading.Thread(target=http_client, args=(proxy.http_url, self.tally, self.stop))
