@@ -74,7 +74,7 @@ def main() -> None:
         finally:
             proxy.stop()
             for replica in replicas:
-                replica.process.stop()
+                replica.stop()
         elapsed, tally = time.monotonic() - started, load.tally
         print(f"{args.proxy}, lame duck {args.lame_duck_secs:g} s, retries "
               f"{'off' if args.without_retries else 'on'}")

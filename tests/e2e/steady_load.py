@@ -4,6 +4,7 @@ what a rolling restart is measured and tested with."""
 from __future__ import annotations
 
 import collections
+import signal
 import threading
 import time
 from pathlib import Path
@@ -104,6 +105,14 @@ class Replica:
         exited = time.monotonic()
         self.process = TritiumProcess(self.repo, *self.args).start()
         return exited - began, time.monotonic() - exited
+
+
+    def stop(self) -> int:
+        """SIGINT: the drain without the lame duck, for the end of a run; the exit code."""
+        proc = self.process.proc
+        if proc is not None and proc.poll() is None:
+            self.process.signal(signal.SIGINT)
+        return self.process.wait(60)
 
 
 def wait_up(haproxy: HAProxy, server: str, after: int, timeout: float = 30) -> None:

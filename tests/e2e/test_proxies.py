@@ -231,7 +231,7 @@ def test_a_rolling_restart_behind_haproxy_fails_no_request(tmp_path: Path) -> No
         assert not load.tally.failed, load.tally.reasons
     finally:
         for replica in replicas:
-            replica.process.stop()
+            replica.stop()
 
 
 def test_the_readme_proxy_commands_render_what_the_tests_run(tmp_path: Path) -> None:
