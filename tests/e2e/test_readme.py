@@ -40,6 +40,10 @@ NOT_RUN = {
     "podman run": "needs a container runtime; deploy/image/prove.sh runs the image without one",
     "kubectl": "needs a cluster (and KServe); test_deploy_schemas.py renders the kustomize base "
                "and validates every manifest",
+    "export LISTEN_HTTP=": "test_proxies.py runs the proxy block, then both proxies on its files",
+    "envsubst ": "test_proxies.py runs the proxy block, then both proxies on its files",
+    "haproxy -f": "test_proxies.py runs the proxy block, then both proxies on its files",
+    "python bench/": "benchmarks print figures; bench/README.md",
 }
 STREAM_SECONDS = 2.0  # how long a "press ctrl-C" stream runs before the client leaves
 

@@ -144,6 +144,11 @@ class GrpcConnection:
             self._output.resume_reading()
             self.wake_writers()
 
+    @property
+    def going_away(self) -> bool:
+        """A graceful GOAWAY was sent: the calls in flight finish, then the connection closes."""
+        return self._going_away
+
     # -- bytes out -------------------------------------------------------------------------
     def flush(self) -> None:
         out = self.outbox.out

@@ -25,6 +25,8 @@ log = logging.getLogger("tritium.grpc")
 # The socket's buffer above which a connection stops reading from its peer.
 _WRITE_HIGH_WATER = 4 * 1024 * 1024
 _SWEEP_S = 1.0
+# How long a closed connection still reads (and drops) what its peer had already sent.
+_LINGER_S = 2.0
 
 
 class GrpcEndpoint:
@@ -46,6 +48,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._endpoint = endpoint
         self.transport: asyncio.Transport
         self.conn: GrpcConnection | None = None
+        self._linger: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -61,10 +64,12 @@ class GrpcProtocol(asyncio.Protocol):
         endpoint.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.conn is not None:
+        if self.conn is not None and not self.conn.closed:
             self.conn.receive(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
         self._endpoint.connections.discard(self)
         if self.conn is not None:
             self.conn.lost()
@@ -85,7 +90,23 @@ class GrpcProtocol(asyncio.Protocol):
             self.transport.writelines(chunks)
 
     def close(self) -> None:
-        self.transport.close()
+        """Close once what was written is out, without a reset. A socket closed while its
+        peer's bytes are still arriving (a proxy opening one more stream as our GOAWAY
+        crosses it) answers them with RST, and the peer's kernel then drops what it had not
+        yet read: the trailers of the last answer, which its client sees as a broken call.
+        So after a graceful GOAWAY the write side is shut first, and the read side drained
+        until the peer closes too, for at most _LINGER_S; any other close is abrupt."""
+        transport = self.transport
+        graceful = self.conn is not None and self.conn.going_away
+        # TLS transports cannot half-close.
+        if not graceful or transport.is_closing() or not transport.can_write_eof():
+            transport.close()
+            return
+        if self._linger is not None:  # already lingering
+            return
+        transport.write_eof()
+        transport.resume_reading()
+        self._linger = asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
 
     def pause_reading(self) -> None:
         if not self.transport.is_closing():
