@@ -316,6 +316,8 @@ async def _shutdown(config: ServerConfig, service: InferenceService, manager: Mo
     loop = asyncio.get_running_loop()
     deadline = loop.time() + config.exit_timeout_secs
     service.stop_accepting()
+    if listeners.grpc is not None:
+        listeners.grpc.refuse_new_calls()
     log.info("shutting down: waiting up to %g s for %d in-flight request(s)",
              config.exit_timeout_secs, len(service.in_flight()))
     polling_stopped = loop.create_task(poller.stop()) if poller is not None else None

@@ -94,6 +94,10 @@ class GrpcConnection:
         self.reading = False  # a read is being handled: it flushes when it is done
         self.closed = False
         self._going_away = False
+        # The server admits nothing any more: a new stream is refused as never processed
+        # (REFUSED_STREAM), which clients and proxies may retry elsewhere, unlike an
+        # UNAVAILABLE status after the call has begun.
+        self.refusing_calls = False
         self._close_after_flush = False  # a drain is over: close once the last bytes are out
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
@@ -300,7 +304,7 @@ class GrpcConnection:
                 return  # late trailers of a call this side already finished
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "stream id went backwards")
         self._last_stream = stream_id
-        if self._going_away or len(self.calls) >= self._max_streams:
+        if self._going_away or self.refusing_calls or len(self.calls) >= self._max_streams:
             self.outbox.out.append(rst_stream(stream_id, H2Error.REFUSED_STREAM))
             self.count_reset()
             return

@@ -39,6 +39,7 @@ class GrpcEndpoint:
         self.budget = ByteBudget(limits.max_buffered_bytes)
         self.calls: InFlight[Call] = InFlight()
         self.connections: set[GrpcProtocol] = set()
+        self.refusing_calls = False  # see GrpcConnection.refusing_calls
 
 
 class GrpcProtocol(asyncio.Protocol):
@@ -61,6 +62,7 @@ class GrpcProtocol(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
         self.conn = GrpcConnection(endpoint.routes, endpoint.limits, self,
                                    budget=endpoint.budget, calls=endpoint.calls)
+        self.conn.refusing_calls = endpoint.refusing_calls
         endpoint.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -133,6 +135,15 @@ class GrpcServer:
         for shell in list(self._endpoint.connections):
             if shell.conn is not None:
                 shell.conn.go_away()
+
+    def refuse_new_calls(self) -> None:
+        """From now on every new call, on any connection, is refused unprocessed (the
+        server stopped admitting: a client or proxy can retry it on another server)."""
+        self._endpoint.refusing_calls = True
+        for shell in list(self._endpoint.connections):
+            if shell.conn is not None:
+                shell.conn.refusing_calls = True
+        self.ask_clients_to_leave()
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, give running ones ``grace`` seconds, then end the rest
