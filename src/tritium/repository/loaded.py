@@ -25,6 +25,7 @@ from tritium.execution.process.choice import make_instance
 from tritium.execution.process.supervisor import SupervisedInstance
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.repository.validation import ConfigError
+from tritium.repository.warmup import WarmupRoute, warm_up, warmup_samples
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
 from tritium.scheduling.sequence_oldest import OldestSequenceScheduler
 from tritium.scheduling.sequences import SequenceScheduler
@@ -97,12 +98,19 @@ class LoadedModel:
         """Start every instance (``initialize`` runs on each instance's thread)."""
         started = time.monotonic()
         config_text = json.dumps(self.config_json)
+        samples = await asyncio.to_thread(warmup_samples, self.config, self.model_dir)
+        # Only a model with warmup samples reports through the route's extra hop.
+        route = WarmupRoute() if samples else None
+        on_done = route if route is not None else self.scheduler.batch_done
         try:
             for info in self._instance_infos(config_text):
                 self.instances.append(make_instance(
-                    info, self.config, loop, self.scheduler.batch_done,
+                    info, self.config, loop, on_done,
                     lambda i: create_backend(i, self.config)))
             await asyncio.gather(*(instance.start() for instance in self.instances))
+            if route is not None:
+                await warm_up(self.name, samples, self.instances, route)
+                route.target = self.scheduler.batch_done
         except BaseException:
             await self.stop()
             raise
