@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenAI API (/v1): a directory of Hugging Face tokenizer files "
              "(tokenizer_config.json with the chat template, tokenizer.json) for models "
              "whose own directory has none")
+    add("--cache-config", action="append", default=[], dest="cache_config",
+        help="the response cache, as tritonserver takes it: local,size=<bytes> (models "
+             "opt in with response_cache { enable: true })")
     _add_access_flags(serve)
     _add_http_limit_flags(serve)
     _add_grpc_limit_flags(serve)
@@ -295,7 +298,34 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         openai_tokenizer=args.tokenizer,
         allow_client_shm=args.allow_client_shm,
+        cache_bytes=_cache_bytes(args.cache_config),
     )
+
+
+def _cache_bytes(specs: list[str]) -> int | None:
+    """The local cache's size from ``--cache-config`` values (``local,size=N``, or
+    ``local,key=value`` pairs over several flags); None when none is given."""
+    settings: dict[str, str] = {}
+    for spec in specs:
+        name, _, setting = spec.partition(",")
+        key, equals, value = setting.partition("=")
+        if name != "local" or not equals or not key:
+            raise SystemExit(f"tritium: error: --cache-config '{spec}': expected "
+                             "local,<setting>=<value> (the local cache is the only one)")
+        settings[key] = value
+    if not specs:
+        return None
+    if set(settings) - {"size"}:
+        raise SystemExit(f"tritium: error: --cache-config: unknown local cache setting(s) "
+                         f"{', '.join(sorted(set(settings) - {'size'}))}")
+    try:
+        size = int(settings.get("size", ""))
+    except ValueError:
+        raise SystemExit("tritium: error: --cache-config local needs size=<bytes>, a "
+                         "non-negative integer") from None
+    if size < 0:
+        raise SystemExit("tritium: error: --cache-config local size must not be negative")
+    return size
 
 
 def _pin(cores: frozenset[int]) -> None:

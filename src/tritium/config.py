@@ -70,3 +70,5 @@ class ServerConfig:
     openai_tokenizer: Path | None = None
     # Clients may register system shared memory regions (off by default, as in Triton 2.73).
     allow_client_shm: bool = False
+    # The response cache's size in bytes (--cache-config local,size=N); None: no cache.
+    cache_bytes: int | None = None

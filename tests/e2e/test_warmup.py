@@ -40,7 +40,7 @@ ZERO_SAMPLE = _sample("zero sample", 1, _warmup_input("INPUT0", "TYPE_FP32", "4"
 
 
 def _probe(repo: Path, name: str, record_dir: Path, config: str) -> Path:
-    return add_model(repo, name, "warmup_probe",
+    return add_model(repo, name, "execute_probe",
                      config + _parameter("record_file", f"{record_dir}/{name}.jsonl"))
 
 

@@ -17,6 +17,7 @@ from tritium.core.errors import TritiumError
 from tritium.core.inflight import InFlight
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import ServedBy
+from tritium.core.response_cache import ResponseCache, cache_for
 from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
 from tritium.execution.backend import InstanceInfo, ModelBackend
@@ -46,7 +47,8 @@ _KIND_NAMES = {
 class LoadedModel:
     """Implements ``tritium.core.model.ModelHandle`` for one model version."""
 
-    def __init__(self, model_dir: Path, version: int, config: Any):
+    def __init__(self, model_dir: Path, version: int, config: Any,
+                 response_cache: ResponseCache | None = None):
         self.model_dir = model_dir
         self.name: str = config.name
         self.version = version
@@ -62,6 +64,7 @@ class LoadedModel:
         self.served_by = ServedBy(self.name, version, self.max_batch_size > 0, self.labels)
         self.scheduler = _scheduler(self.name, version, config, self.decoupled, model_dir)
         self.instances: list[ModelInstance | SupervisedInstance] = []
+        self.cache = cache_for(config, response_cache, version, self.scheduler.stats)
         self.load_seconds = 0.0
         # Admitted requests whose final response has not been sent: what an unload waits
         # for. (The service's own set holds them too: a shutdown asks about every model.)
@@ -74,7 +77,16 @@ class LoadedModel:
             not self.instances or any(getattr(i, "ready", True) for i in self.instances))
 
     def enqueue(self, request: AdmittedRequest) -> None:
-        self.scheduler.enqueue(request)
+        cache = self.cache
+        if cache is not None and cache.answer(request):
+            self._admitted.add(request)
+            return
+        try:
+            self.scheduler.enqueue(request)
+        except TritiumError:
+            if cache is not None:
+                cache.forget(request)
+            raise
         self._admitted.add(request)
         if self.decoupled:
             request.stream.on_late_final = lambda: self.scheduler.model_stopped(request)
@@ -83,7 +95,9 @@ class LoadedModel:
         self.scheduler.request_cancelled(request)
 
     def request_finished(self, request: AdmittedRequest, error: TritiumError | None) -> None:
-        self.scheduler.request_finished(request, error)
+        cache = self.cache
+        if cache is None or not cache.finished(request):
+            self.scheduler.request_finished(request, error)
         self._admitted.discard(request)
 
     def statistics(self) -> ModelStatistics:

@@ -21,6 +21,7 @@ from typing import Any
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import IndexEntry, ModelState
 from tritium.core.names import check_model_name
+from tritium.core.response_cache import ResponseCache
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.ensemble.validation import is_ensemble
 from tritium.repository.config import (
@@ -115,6 +116,7 @@ class ModelManager(DependencyRules):
         control_mode: ControlMode = ControlMode.NONE,
         unload_timeout_s: float = 30.0,
         create_ensemble: EnsembleFactory | None = None,
+        response_cache: ResponseCache | None = None,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -129,6 +131,7 @@ class ModelManager(DependencyRules):
         self._retiring: set[asyncio.Task[None]] = set()
         self.create_ensemble = create_ensemble
         self._installs = 0  # counts swaps, for ModelEntry.installed_at
+        self.response_cache = response_cache  # --cache-config; None: no caching
 
     # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
@@ -340,7 +343,7 @@ class ModelManager(DependencyRules):
 
     def _new_version(self, model_dir: Path, version: int, config: Any) -> ServedVersion:
         if not is_ensemble(config):
-            return LoadedModel(model_dir, version, config)
+            return LoadedModel(model_dir, version, config, self.response_cache)
         if self.create_ensemble is None:
             raise TritiumError(ErrorCode.UNSUPPORTED, "ensembles are not available here")
         return self.create_ensemble(EnsemblePlan.from_config(config), config, version)

@@ -1,0 +1,86 @@
+"""The response cache: keys, the byte bound and LRU eviction, and --cache-config."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.unit.admitted import admit
+from tritium.cli import parse_config
+from tritium.core.request import InferenceRequest, RequestedOutput
+from tritium.core.response_cache import CacheEntry, ResponseCache, request_key
+from tritium.core.types import DataType, Tensor
+
+
+def _request(values: list[float], name: str = "INPUT0", shape: tuple[int, ...] | None = None,
+             outputs: list[str] | None = None) -> InferenceRequest:
+    data = np.array(values, dtype=np.float32)
+    shape = shape or (len(values),)
+    requested = None if outputs is None else [RequestedOutput(o) for o in outputs]
+    return InferenceRequest("m", {name: Tensor(name, DataType.FP32, shape, data.reshape(shape))},
+                            requested_outputs=requested)
+
+
+def _key(request: InferenceRequest, model: str = "m", version: int = 1) -> tuple:
+    return request_key(admit(request), model, version)
+
+
+def test_key_follows_model_version_and_every_part_of_the_inputs() -> None:
+    base = _key(_request([1, 2, 3, 4]))
+    assert base == _key(_request([1, 2, 3, 4]))
+    assert base != _key(_request([1, 2, 3, 5]))
+    assert base != _key(_request([1, 2, 3, 4]), version=2)
+    assert base != _key(_request([1, 2, 3, 4]), model="other")
+    assert base != _key(_request([1, 2, 3, 4], name="INPUT1"))
+    assert base != _key(_request([1, 2, 3, 4], shape=(2, 2)))
+    assert base != _key(_request([1, 2, 3, 4], outputs=["OUTPUT0"]))
+
+
+def test_key_of_bytes_inputs() -> None:
+    def text(*values: bytes) -> tuple:
+        data = np.array(values, dtype=object)
+        return _key(InferenceRequest("m", {"T": Tensor("T", DataType.BYTES, data.shape, data)}))
+
+    assert text(b"ab", b"c") == text(b"ab", b"c")
+    assert text(b"ab", b"c") != text(b"a", b"bc")
+
+
+def _entry(size: int) -> CacheEntry:
+    return CacheEntry((), (), size)
+
+
+def test_least_recently_used_entries_are_evicted_to_stay_in_bounds() -> None:
+    cache = ResponseCache(100)
+    a, b, c = ("m", 1, b"a"), ("m", 1, b"b"), ("m", 1, b"c")
+    assert cache.insert(a, _entry(40)) and cache.insert(b, _entry(40))
+    assert cache.lookup(a) is not None  # a is now the most recently used
+    assert cache.insert(c, _entry(40))
+    assert cache.lookup(b) is None
+    assert cache.lookup(a) is not None and cache.lookup(c) is not None
+    counters = cache.counters
+    assert (counters.entries, counters.bytes_used, counters.evictions) == (2, 80, 1)
+    assert (counters.lookups, counters.hits, counters.misses) == (4, 3, 1)
+
+
+def test_an_entry_larger_than_the_cache_is_not_stored() -> None:
+    cache = ResponseCache(100)
+    assert cache.insert(("m", 1, b"small"), _entry(60))
+    assert not cache.insert(("m", 1, b"big"), _entry(101))
+    assert cache.lookup(("m", 1, b"small")) is not None  # nothing evicted for it
+    assert not cache.insert(("m", 1, b"small"), _entry(10))  # already held
+
+
+@pytest.mark.parametrize(("flags", "size"), [
+    ([], None),
+    (["--cache-config", "local,size=1048576"], 1048576),
+    (["--cache-config", "local,size=0"], 0),
+])
+def test_cache_config_flag(flags: list[str], size: int | None) -> None:
+    assert parse_config(["serve", *flags]).cache_bytes == size
+
+
+@pytest.mark.parametrize("spec", ["redis,host=x", "local", "local,size=abc", "local,size=-1",
+                                  "local,colour=blue"])
+def test_cache_config_refuses_what_it_cannot_honour(spec: str) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["serve", "--cache-config", spec])
