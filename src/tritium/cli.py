@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenAI API (/v1): a directory of Hugging Face tokenizer files "
              "(tokenizer_config.json with the chat template, tokenizer.json) for models "
              "whose own directory has none")
+    add("--model-config-name", default=None,
+        help="read each model's configs/<name>.pbtxt instead of its config.pbtxt, where "
+             "the model has one")
     add("--cache-config", action="append", default=[], dest="cache_config",
         help="the response cache, as tritonserver takes it: local,size=<bytes> (models "
              "opt in with response_cache { enable: true })")
@@ -299,6 +302,7 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         openai_tokenizer=args.tokenizer,
         allow_client_shm=args.allow_client_shm,
         cache_bytes=_cache_bytes(args.cache_config),
+        model_config_name=args.model_config_name or None,
     )
 
 

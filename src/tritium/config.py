@@ -72,3 +72,5 @@ class ServerConfig:
     allow_client_shm: bool = False
     # The response cache's size in bytes (--cache-config local,size=N); None: no cache.
     cache_bytes: int | None = None
+    # --model-config-name: a model's configs/<name>.pbtxt, where it has one, over config.pbtxt.
+    model_config_name: str | None = None

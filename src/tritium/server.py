@@ -116,6 +116,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         list(config.model_repositories), loop, create_backend, auto_complete_config,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
         create_ensemble=create_ensemble, response_cache=cache,
+        config_name=config.model_config_name,
     )
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory))
     instance_choice.configure(config.python_instance_kind, service)

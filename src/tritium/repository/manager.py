@@ -117,6 +117,7 @@ class ModelManager(DependencyRules):
         unload_timeout_s: float = 30.0,
         create_ensemble: EnsembleFactory | None = None,
         response_cache: ResponseCache | None = None,
+        config_name: str | None = None,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -132,6 +133,8 @@ class ModelManager(DependencyRules):
         self.create_ensemble = create_ensemble
         self._installs = 0  # counts swaps, for ModelEntry.installed_at
         self.response_cache = response_cache  # --cache-config; None: no caching
+        # --model-config-name: read configs/<name>.pbtxt where a model has one.
+        self.config_name = config_name
 
     # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
@@ -149,7 +152,7 @@ class ModelManager(DependencyRules):
                 self.models[name] = ModelEntry(name, found[name], reason=UNLOADED)
         # Plain models first, all at once; then each ensemble, which loads or checks its
         # composing models (nested ensembles first) before itself.
-        ensembles = await asyncio.to_thread(declared_ensembles, found, wanted)
+        ensembles = await asyncio.to_thread(declared_ensembles, found, wanted, self.config_name)
         await asyncio.gather(*(self._install(name, found[name])
                                for name in wanted if name not in ensembles))
         for name in sorted(ensembles):
@@ -319,7 +322,7 @@ class ModelManager(DependencyRules):
         check_model_name(model_dir.name)
         if overrides is not None and overrides.config is not None:
             return PreparedConfig(prepare_model_config(model_dir, overrides.config))
-        return read_model_config(model_dir, self.auto_complete is not None)
+        return read_model_config(model_dir, self.auto_complete is not None, self.config_name)
 
     async def _start_versions(self, entry: ModelEntry, model_dir: Path, versions: list[int],
                               config: Any) -> dict[int, ServedVersion | str]:
