@@ -48,7 +48,8 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     add_ensemble(repo, "ensemble_of_cached", ENSEMBLE_IO,
                  [("cached", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})])
     process = TritiumProcess(repo, "--python-instance-kind", request.param,
-                             "--cache-config", f"local,size={CACHE_BYTES}")
+                             "--cache-config", f"local,size={CACHE_BYTES}",
+                             "--model-control-mode", "explicit", "--load-model", "*")
     process.records = records  # type: ignore[attr-defined]
     process.start(timeout=120)
     yield process
@@ -168,6 +169,18 @@ def test_ensemble_step_caches_by_its_own_config(server: TritiumProcess) -> None:
         assert _infer(server, httpclient, "ensemble_of_cached", values, "IN", "OUT") == \
             values.tolist()
     assert _executions(server, "cached") == before + 1
+
+
+@pytest.mark.parametrize("module", CLIENTS)
+def test_a_reloaded_model_starts_with_no_entries(server: TritiumProcess, module: Any) -> None:
+    values = np.array([51, 52] if module is httpclient else [53, 54], dtype=np.float32)
+    before = _executions(server, "cached")
+    _infer(server, module, "cached", values)
+    _infer(server, module, "cached", values)
+    assert _executions(server, "cached") == before + 1
+    _client(server, module).load_model("cached")  # loaded again: what it said may change
+    _infer(server, module, "cached", values)
+    assert _executions(server, "cached") == before + 2
 
 
 def test_decoupled_model_with_cache_is_refused(server: TritiumProcess) -> None:

@@ -51,7 +51,7 @@ def _entry(size: int) -> CacheEntry:
 
 def test_least_recently_used_entries_are_evicted_to_stay_in_bounds() -> None:
     cache = ResponseCache(100)
-    a, b, c = ("m", 1, b"a"), ("m", 1, b"b"), ("m", 1, b"c")
+    a, b, c = (1, b"a"), (1, b"b"), (1, b"c")
     assert cache.insert(a, _entry(40)) and cache.insert(b, _entry(40))
     assert cache.lookup(a) is not None  # a is now the most recently used
     assert cache.insert(c, _entry(40))
@@ -64,10 +64,26 @@ def test_least_recently_used_entries_are_evicted_to_stay_in_bounds() -> None:
 
 def test_an_entry_larger_than_the_cache_is_not_stored() -> None:
     cache = ResponseCache(100)
-    assert cache.insert(("m", 1, b"small"), _entry(60))
-    assert not cache.insert(("m", 1, b"big"), _entry(101))
-    assert cache.lookup(("m", 1, b"small")) is not None  # nothing evicted for it
-    assert not cache.insert(("m", 1, b"small"), _entry(10))  # already held
+    assert cache.insert((1, b"small"), _entry(60))
+    assert not cache.insert((1, b"big"), _entry(101))
+    assert cache.lookup((1, b"small")) is not None  # nothing evicted for it
+    assert not cache.insert((1, b"small"), _entry(10))  # already held
+
+
+def test_an_unloaded_version_leaves_the_cache() -> None:
+    cache = ResponseCache(100)
+    cache.insert((1, b"a"), _entry(10))
+    cache.insert((2, b"a"), _entry(20))
+    cache.insert((1, b"b"), _entry(30))
+    cache.forget(1)
+    assert cache.lookup((1, b"a")) is None and cache.lookup((1, b"b")) is None
+    assert cache.lookup((2, b"a")) is not None
+    assert (cache.counters.entries, cache.counters.bytes_used) == (1, 20)
+
+
+def test_a_version_loaded_again_has_keys_of_its_own() -> None:
+    request = _request([1, 2])
+    assert _key(request) != request_key(admit(request), "m", 1, token=7)
 
 
 @pytest.mark.parametrize(("flags", "size"), [

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -31,7 +32,10 @@ from tritium.core.types import DataType, Tensor
 
 log = logging.getLogger("tritium.repository")
 
-CacheKey = tuple[str, int, bytes]
+# (the loaded version's token, the digest of the request): a version loaded again gets a
+# new token, so what its previous load answered is never served for it.
+CacheKey = tuple[int, bytes]
+_tokens = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +92,20 @@ class ResponseCache:
         counters.entries += 1
         return True
 
+    def forget(self, token: int) -> None:
+        """Drop every entry of the loaded version ``token`` (it was unloaded)."""
+        for key in [key for key in self._entries if key[0] == token]:
+            entry = self._entries.pop(key)
+            self.counters.bytes_used -= entry.size
+            self.counters.entries -= 1
 
-def request_key(request: AdmittedRequest, model_name: str, version: int) -> CacheKey:
-    """The cache key of ``request`` for ``model_name`` version ``version``."""
+
+def request_key(request: AdmittedRequest, model_name: str, version: int, token: int = 0
+                ) -> CacheKey:
+    """The cache key of ``request`` for ``model_name`` version ``version`` (loaded as
+    ``token``)."""
     digest = hashlib.blake2b(digest_size=20)
+    digest.update(f"{model_name}\0{version}\0".encode())
     inner = request.request
     for name in sorted(inner.inputs):
         tensor = inner.inputs[name]
@@ -101,7 +115,7 @@ def request_key(request: AdmittedRequest, model_name: str, version: int) -> Cach
         digest.update(data)
     names = inner.requested_output_names()
     digest.update(b"*" if names is None else "\0".join(sorted(names)).encode())
-    return (model_name, version, digest.digest())
+    return (token, digest.digest())
 
 
 def _entry(response: InferenceResponse, key: CacheKey) -> CacheEntry:
@@ -109,7 +123,7 @@ def _entry(response: InferenceResponse, key: CacheKey) -> CacheEntry:
     # the cache.
     outputs = tuple(Tensor(t.name, t.datatype, t.shape, np.array(t.data, copy=True))
                     for t in response.outputs)
-    size = len(key[2]) + sum(_byte_size(t) for t in outputs)
+    size = len(key[1]) + sum(_byte_size(t) for t in outputs)
     return CacheEntry(outputs, tuple(response.parameters.items()), size)
 
 
@@ -134,6 +148,7 @@ class ModelCache:
         self._name = model_name
         self._version = version
         self._stats = stats
+        self._token = next(_tokens)
         # Requests answered from the cache, and missed ones with their key and lookup
         # time, until they finish.
         self._hits: set[AdmittedRequest] = set()
@@ -143,7 +158,7 @@ class ModelCache:
         """Answer ``request`` from the cache if it holds its response (True), or remember
         its key so that its response is stored when it succeeds (False)."""
         started = time.monotonic_ns()
-        key = request_key(request, self._name, self._version)
+        key = request_key(request, self._name, self._version, self._token)
         entry = self._cache.lookup(key)
         elapsed = time.monotonic_ns() - started
         if entry is None:
@@ -175,6 +190,10 @@ class ModelCache:
     def forget(self, request: AdmittedRequest) -> None:
         """``request`` was refused before it was queued: nothing is stored for it."""
         self._misses.pop(request, None)
+
+    def close(self) -> None:
+        """The version is unloaded: its entries leave the cache."""
+        self._cache.forget(self._token)
 
     def _count_hit(self, request: AdmittedRequest) -> None:
         if request.stage is not RequestStage.DONE:

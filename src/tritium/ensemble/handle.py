@@ -186,6 +186,8 @@ class EnsembleModel:
 
     async def stop(self) -> None:
         self.accepting = False
+        if self.cache is not None:
+            self.cache.close()
 
     def in_flight(self) -> int:
         return len(self._admitted)

@@ -137,6 +137,8 @@ class LoadedModel:
         for instance in self.instances:
             instance.stop()
         await asyncio.gather(*(instance.wait_stopped() for instance in self.instances))
+        if self.cache is not None:
+            self.cache.close()
 
     def in_flight(self) -> int:
         """Admitted requests that have not sent their final response."""
