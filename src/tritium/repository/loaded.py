@@ -78,7 +78,8 @@ class LoadedModel:
 
     def enqueue(self, request: AdmittedRequest) -> None:
         cache = self.cache
-        if cache is not None and cache.answer(request):
+        # A version that stopped admitting (unloading) answers nothing, not even a hit.
+        if cache is not None and self.scheduler.accepting and cache.answer(request):
             self._admitted.add(request)
             return
         try:
