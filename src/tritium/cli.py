@@ -12,7 +12,12 @@ from pathlib import Path
 
 from tritium.config import BUNDLED_REPOSITORY, GrpcLimitSettings, ServerConfig
 from tritium.core.header_forward import header_forward
-from tritium.core.restrictions import GROUP_NAMES, Restriction, parse_restrictions
+from tritium.core.restrictions import (
+    GROUP_NAMES,
+    PROTOCOL_NAMES,
+    Restriction,
+    parse_restrictions,
+)
 from tritium.execution.placement import ThreadPlacement, install
 from tritium.repository.manager import ControlMode
 from tritium.tls import TlsError, TlsSettings, server_context
@@ -99,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-http", type=_bool, default=True)
     add("--allow-grpc", type=_bool, default=True)
     add("--allow-metrics", type=_bool, default=True)
+    add("--allow-cpu-metrics", type=_bool, default=True,
+        help="nv_cpu_utilization and nv_cpu_memory_*_bytes, read from /proc")
+    add("--metrics-interval-ms", type=_positive, default=2000,
+        help="how often per-interval metrics (CPU) and the live page's history are read")
     add("--allow-client-shm", type=_bool, default=False,
         help="let clients register system shared memory regions (/v2/systemsharedmemory, "
              "SystemSharedMemory*) and pass tensors through them")
@@ -199,7 +208,7 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
     add("--grpc-restricted-protocol", action="append", default=[],
         metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
         help="serve these gRPC groups only to calls with header triton-grpc-protocol-KEY: "
-             f"VALUE; repeatable; groups: {GROUP_NAMES}")
+             f"VALUE; repeatable; groups: {PROTOCOL_NAMES}")
     for proto, name in (("grpc", "gRPC"), ("http", "HTTP")):
         add(f"--{proto}-header-forward-pattern", type=_forward_pattern, default="",
             metavar="REGEX", help=f"{name} request headers whose names match (anywhere, "
@@ -267,6 +276,8 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
         model_control_mode=ControlMode(args.model_control_mode),
         load_models=tuple(args.load_models),
         repository_poll_secs=args.repository_poll_secs,

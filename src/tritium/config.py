@@ -38,6 +38,8 @@ class ServerConfig:
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    metrics_interval_ms: int = 2000  # how often CPU figures and the live page's history are read
     model_control_mode: ControlMode = ControlMode.NONE
     load_models: tuple[str, ...] = field(default_factory=tuple)
     repository_poll_secs: float = 15.0

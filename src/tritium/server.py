@@ -16,6 +16,7 @@ from tritium.core import offload
 from tritium.core.descriptors import default_connection_cap
 from tritium.core.header_forward import header_forward
 from tritium.core.response_cache import ResponseCache
+from tritium.core.restrictions import ApiGroup, by_group
 from tritium.core.service import EXTENSIONS, InferenceService
 from tritium.core.shared_memory import SharedMemoryRegistry, extensions
 from tritium.ensemble.handle import EnsembleModel
@@ -32,7 +33,7 @@ from tritium.frontends.http import restricted as http_restricted
 from tritium.frontends.http.handlers import HttpApi
 from tritium.frontends.http.limits import HttpLimits
 from tritium.frontends.http.transport import HttpServer, start_http_server
-from tritium.metrics.server import MetricsServer
+from tritium.metrics.server import MetricsOptions, MetricsServer
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.poll import RepositoryPoller
 from tritium.tls import TlsError, TlsSettings, server_context
@@ -205,7 +206,11 @@ async def _start_metrics(config: ServerConfig, manager: ModelManager) -> Metrics
     from tritium.backends.python.metric import MetricFamily
 
     # Families that models create with pb_utils.MetricFamily appear next to Triton's.
-    server = MetricsServer(manager.loaded_models, custom=MetricFamily.snapshots)
+    options = MetricsOptions(
+        interval_s=config.metrics_interval_ms / 1000, cpu=config.allow_cpu_metrics,
+        live_restriction=by_group(config.http_restricted_apis).get(ApiGroup.LIVE))
+    server = MetricsServer(manager.loaded_models, custom=MetricFamily.snapshots,
+                           catalog=manager, options=options)
     await server.start(config.metrics_address, config.metrics_port, _http_limits(config))
     log.info("metrics endpoint listening on %s:%d", config.metrics_address, server.port)
     return server

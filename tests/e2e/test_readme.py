@@ -34,6 +34,12 @@ SERVE = ("tritium serve", "python -m tritium serve", "tritonserver")
 NOT_RUN = {
     "pip install": "CI installs the project exactly so (.ci/run)",
     "python -m pytest": "this is that run",
+    "apt-get install": "installs the Debian tools that build the image, as root",
+    "deploy/image/": "builds and runs the image as root (CI does not); test_deploy_consistency.py "
+                     "checks the scripts and the Containerfile against the CLI and manifests",
+    "podman run": "needs a container runtime; deploy/image/prove.sh runs the image without one",
+    "kubectl": "needs a cluster (and KServe); test_deploy_schemas.py renders the kustomize base "
+               "and validates every manifest",
 }
 STREAM_SECONDS = 2.0  # how long a "press ctrl-C" stream runs before the client leaves
 

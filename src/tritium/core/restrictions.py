@@ -21,9 +21,15 @@ class ApiGroup(enum.Enum):
     STATISTICS = "statistics"
     TRACE = "trace"
     LOGGING = "logging"
+    # tritium's own: the read-only live page on the metrics port (/live, /live/state).
+    LIVE = "live"
 
 
+# Groups of HTTP paths only (the metrics port's page): no gRPC method belongs to them, so
+# naming one in a gRPC restriction is refused rather than silently doing nothing.
+_HTTP_ONLY = frozenset({ApiGroup.LIVE})
 GROUP_NAMES = ", ".join(group.value for group in ApiGroup)
+PROTOCOL_NAMES = ", ".join(group.value for group in ApiGroup if group not in _HTTP_ONLY)
 
 # RFC 9110 token characters: a header name outside them could never be sent, so the
 # restricted group would be closed to everyone.
@@ -94,8 +100,13 @@ def _bytes(text: str) -> bytes:
 
 
 def _group(name: str, feature: str) -> ApiGroup:
+    """``feature`` is "protocol" for gRPC's groups, which lack the HTTP-only ones."""
+    grpc = feature == "protocol"
     try:
-        return ApiGroup(name)
+        group = ApiGroup(name)
     except ValueError:
-        raise ValueError(
-            f"unknown restricted {feature} '{name}' (allowed: {GROUP_NAMES})") from None
+        group = None
+    if group is None or (grpc and group in _HTTP_ONLY):
+        allowed = PROTOCOL_NAMES if grpc else GROUP_NAMES
+        raise ValueError(f"unknown restricted {feature} '{name}' (allowed: {allowed})")
+    return group

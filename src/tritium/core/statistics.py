@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from tritium.core.llm_statistics import GenerationStatistics
@@ -19,6 +20,21 @@ class Duration:
 
 
 STOP_BUCKETS_MS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, 5000.0)
+# Cancellations a model remembers one by one (for the live page); older ones are only counted.
+RECENT_CANCELLATIONS = 32
+
+
+@dataclass(slots=True)
+class CancelRecord:
+    """One cancellation as the live page lists it; ``stop_ms`` stays None until the work
+    stopped (or for good, where the model never reports it: an ensemble's)."""
+
+    request_id: str
+    reason: str
+    stage: str
+    cancelled_at_ns: int  # the Cancellation's monotonic time: what a stop is matched by
+    wall_time: float = field(default_factory=time.time)
+    stop_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -55,6 +71,8 @@ class ModelStatistics:
     batch_requests: Counter[int] = field(default_factory=Counter)
     # text generation (OpenAI API) requests, tokens and latencies; frontends record them
     generation: GenerationStatistics = field(default_factory=GenerationStatistics)
+    recent_cancellations: deque[CancelRecord] = field(
+        default_factory=lambda: deque(maxlen=RECENT_CANCELLATIONS))
 
     def record_execution(self, batch_size: int, requests: int, compute_ns: int) -> None:
         """One execute() call over ``requests`` requests holding ``batch_size`` batch
@@ -76,9 +94,23 @@ class ModelStatistics:
         timing.ns += compute_ns
         self.batch_requests[requests] += 1
 
-    def record_cancel_stop(self, delay_ns: int) -> None:
+    def record_cancel(self, request_id: str, reason: str, stage: str,
+                      cancelled_at_ns: int) -> None:
+        self.cancellations[(reason, stage)] += 1
+        self.recent_cancellations.append(CancelRecord(request_id, reason, stage, cancelled_at_ns))
+
+    def record_cancel_stop(self, delay_ns: int, cancelled_at_ns: int = 0) -> None:
         self.cancel_stop.add(delay_ns)
+        self._note_stop(delay_ns, cancelled_at_ns)
         delay_ms = delay_ns / 1e6
         for index, bound in enumerate(STOP_BUCKETS_MS):
             if delay_ms <= bound:
                 self.cancel_stop_buckets[index] += 1
+
+    def _note_stop(self, delay_ns: int, cancelled_at_ns: int) -> None:
+        # Newest first: the request that stopped was most likely cancelled last. Requests
+        # sharing a cancellation (a parent's BLS children) take the records in turn.
+        for record in reversed(self.recent_cancellations):
+            if record.cancelled_at_ns == cancelled_at_ns and record.stop_ms is None:
+                record.stop_ms = delay_ns / 1e6
+                return

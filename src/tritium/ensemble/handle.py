@@ -135,7 +135,8 @@ class EnsembleModel:
         if run is None or request.stream.closed:
             return
         reason = request.cancellation.reason
-        self._stats.cancellations[(reason.name if reason else "UNKNOWN", "executing")] += 1
+        self._stats.record_cancel(request.describe(), reason.name if reason else "UNKNOWN",
+                                  "executing", request.cancellation.cancelled_at_ns)
         log.info("request %s for model '%s' version %d cancelled while executing: %s",
                  request.describe(), self.name, self.version,
                  reason.value if reason else "unknown")

@@ -1,4 +1,5 @@
-"""Serves ``/metrics`` in Prometheus text format on its own port, over the HTTP transport."""
+"""Serves ``/metrics`` in Prometheus text format on its own port, over the HTTP transport,
+and the live page beside it; polls the per-interval figures (CPU, the page's history)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,21 @@ import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from tritium.core.restrictions import Restriction
 from tritium.frontends.http.exchange import HttpExchange
 from tritium.frontends.http.limits import HttpLimits
+from tritium.frontends.http.restricted import refusal
 from tritium.frontends.http.transport import HttpServer, start_http_server
+from tritium.metrics import live
 from tritium.metrics.collector import CustomCollector, TritonCollector
+from tritium.metrics.history import History
+from tritium.metrics.host import HostCollector, HostSampler
 
 log = logging.getLogger("tritium.metrics")
 
@@ -30,6 +37,18 @@ CLOSE_WAIT_S = 2.0
 _TOTAL_HEADER = re.compile(rb"^# (HELP|TYPE) (\w+)_total ", re.MULTILINE)
 _TEXT = [("Content-Type", "text/plain")]
 _EXPOSITION = [("Content-Type", CONTENT_TYPE_LATEST)]
+_HTML = [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")]
+_JSON = [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsOptions:
+    """What the flags say of the metrics port beyond its address."""
+
+    interval_s: float = 2.0  # --metrics-interval-ms: how often per-interval figures are read
+    cpu: bool = True  # --allow-cpu-metrics
+    # --http-restricted-api live:KEY=VALUE: the page and its state need the header.
+    live_restriction: Restriction | None = None
 
 
 def render(registry: CollectorRegistry, custom: CustomCollector | None = None) -> bytes:
@@ -47,16 +66,31 @@ def metrics_limits(http: HttpLimits) -> HttpLimits:
 
 
 class MetricsServer:
-    """The exposition is rendered on a worker thread, keeping the loop free while it reads
-    every model's statistics; scrapes that arrive during a render share its result."""
+    """``/metrics``, and with a catalog of models the live page (``/live``, ``/live/state``).
+
+    The exposition is rendered on a worker thread, keeping the loop free while it reads
+    every model's statistics; scrapes that arrive during a render share its result. The
+    page's state is small and read on the loop."""
 
     def __init__(self, models: Callable[[], Iterable[Any]],
-                 custom: Callable[[], Iterable[Any]] | None = None):
+                 custom: Callable[[], Iterable[Any]] | None = None,
+                 catalog: live.Catalog | None = None, options: MetricsOptions | None = None):
+        options = options or MetricsOptions()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(TritonCollector(models))
+        self._models = models
         self._custom = CustomCollector(custom) if custom is not None else None
+        self._host = HostSampler() if options.cpu else None
+        if self._host is not None:
+            self.registry.register(HostCollector(self._host))
+        self._interval_s = options.interval_s
+        self._history = History(options.interval_s)
+        self._live = (live.LiveState(catalog, self._history, self._host, options.interval_s)
+                      if catalog is not None else None)
+        self._live_restriction = options.live_restriction
         self._server: HttpServer | None = None
         self._rendering: asyncio.Future[bytes] | None = None
+        self._poller: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -66,9 +100,14 @@ class MetricsServer:
     async def start(self, address: str, port: int, limits: HttpLimits) -> None:
         self._server = await start_http_server(self, address, port, metrics_limits(limits),
                                                name="metrics")
+        self._poller = asyncio.get_running_loop().create_task(self._poll(), name="metrics-poll")
 
     async def stop(self) -> None:
         """Stop listening and close every connection, waiting briefly for scrapes underway."""
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
         server = self._server
         if server is None:
             return
@@ -80,17 +119,44 @@ class MetricsServer:
 
     async def __call__(self, exchange: HttpExchange) -> None:
         request = exchange.request
-        if request.path != "/metrics":
-            status, headers, body = 404, _TEXT, b"Not Found"
-        elif request.method != "GET":
-            status, headers, body = 405, _TEXT, b"Method Not Allowed"
-        else:
-            status, headers, body = 200, _EXPOSITION, await self._render()
+        status, headers, body = await self._answer(request.method, request.path,
+                                                   request.headers)
         exchange.respond(status, headers, body)
         if log.isEnabledFor(logging.DEBUG):  # an access log, as at --log-verbose 1
             query = f"?{request.query}" if request.query else ""
             log.debug('metrics: "%s %s%s HTTP/%s" %d %d', request.method, request.path, query,
                       request.http_version, status, len(body))
+
+    async def _answer(self, method: str, path: str, headers: Mapping[str, str]
+                      ) -> tuple[int, list[tuple[str, str]], bytes]:
+        page = self._live is not None and path in (live.PAGE_PATH, live.STATE_PATH)
+        if path != "/metrics" and not page:
+            return 404, _TEXT, b"Not Found"
+        restriction = self._live_restriction
+        if page and restriction is not None and not restriction.allows(headers):
+            # As the HTTP port's restricted groups: refused before the method is looked at.
+            return 403, _JSON, refusal(restriction)
+        if method != "GET":
+            return 405, _TEXT, b"Method Not Allowed"
+        if path == live.PAGE_PATH:
+            return 200, _HTML, live.page()
+        if path == live.STATE_PATH:
+            assert self._live is not None
+            return 200, _JSON, self._live.render()
+        return 200, _EXPOSITION, await self._render()
+
+    async def _poll(self) -> None:
+        """Each interval: the CPU figures and the page's history. Both reads are small
+        (two /proc files, a few counters per model) and run on the loop, where the
+        statistics are written."""
+        while True:
+            try:
+                if self._host is not None:
+                    self._host.poll()
+                self._history.sample(self._models())
+            except Exception:  # a figure missing for one interval must not end the polling
+                log.exception("metrics: reading the per-interval figures failed")
+            await asyncio.sleep(self._interval_s)
 
     async def _render(self) -> bytes:
         rendering = self._rendering

@@ -89,7 +89,7 @@ class ModelScheduler:
                 request.move_to(_DONE)
             cancelled_at = request.cancellation.cancelled_at_ns
             if cancelled_at:
-                stats.record_cancel_stop(self._clock.now_ns() - cancelled_at)
+                stats.record_cancel_stop(self._clock.now_ns() - cancelled_at, cancelled_at)
         stats.executing -= len(batch)
         if exec_ns >= 0:
             stats.record_execution(size, len(batch), exec_ns)
@@ -126,7 +126,7 @@ class ModelScheduler:
         """A decoupled model sent FINAL for a request after it was cancelled."""
         cancelled_at = request.cancellation.cancelled_at_ns
         if cancelled_at:
-            self.stats.record_cancel_stop(self._clock.now_ns() - cancelled_at)
+            self.stats.record_cancel_stop(self._clock.now_ns() - cancelled_at, cancelled_at)
 
     def request_finished(self, request: AdmittedRequest, error: TritiumError | None) -> None:
         """Count the outcome once the request's final response was sent."""
@@ -186,8 +186,10 @@ class ModelScheduler:
         self.request_cancelled(request)
 
     def _count_cancel(self, request: AdmittedRequest, stage: str) -> None:
-        reason = request.cancellation.reason
-        self.stats.cancellations[(reason.name if reason else "UNKNOWN", stage)] += 1
+        cancellation = request.cancellation
+        reason = cancellation.reason
+        self.stats.record_cancel(request.describe(), reason.name if reason else "UNKNOWN", stage,
+                                 cancellation.cancelled_at_ns)
         log.info(
             "request %s for model '%s' version %d cancelled while %s: %s",
             request.describe(), self.model_name, self.version, stage,
