@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from tests.unit.admitted import admit
 from tritium.cli import parse_config
 from tritium.core.request import InferenceRequest, RequestedOutput
-from tritium.core.response_cache import CacheEntry, ResponseCache, request_key
+from tritium.core.response import InferenceResponse
+from tritium.core.response_cache import (
+    MAX_CACHED_BYTES,
+    CacheEntry,
+    ModelCache,
+    ResponseCache,
+    request_key,
+)
+from tritium.core.statistics import ModelStatistics
 from tritium.core.types import DataType, Tensor
 
 
@@ -100,3 +110,47 @@ def test_cache_config_flag(flags: list[str], size: int | None) -> None:
 def test_cache_config_refuses_what_it_cannot_honour(spec: str) -> None:
     with pytest.raises(SystemExit):
         parse_config(["serve", "--cache-config", spec])
+
+
+def _answer(values: np.ndarray) -> InferenceResponse:
+    return InferenceResponse(outputs=[Tensor("OUTPUT0", DataType.FP32, values.shape, values)])
+
+
+def test_a_miss_is_stored_and_answers_the_next_request() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        stats = ModelStatistics()
+        cache = ModelCache(ResponseCache(10_000), "m", 1, stats)
+        first = admit(_request([1, 2]), loop=loop)
+        assert not cache.answer(first)
+        output = np.array([3, 4], dtype=np.float32)
+        first.stream.send_nowait(_answer(output))
+        assert not cache.finished(first)  # the model answered it: stored now
+        output[:] = 0  # what the first caller does with its arrays is its own
+        second = admit(_request([1, 2]), loop=loop)
+        assert cache.answer(second)
+        response = await second.stream.receive()
+        assert response.final and response.outputs[0].data.tolist() == [3, 4]
+        assert cache.finished(second)
+        assert (stats.cache_hit.count, stats.cache_miss.count, stats.success.count) == (1, 1, 1)
+        assert stats.inference_count == 0  # a hit is no inference
+
+    asyncio.run(scenario())
+
+
+def test_requests_and_responses_too_big_to_handle_on_the_loop_bypass_the_cache() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        stats = ModelStatistics()
+        cache = ModelCache(ResponseCache(1 << 30), "m", 1, stats)
+        big = admit(_request([0.0] * (MAX_CACHED_BYTES // 4 + 1)), loop=loop)
+        assert not cache.answer(big)
+        assert not cache.finished(big)  # never looked up, nothing to store
+        for _ in range(2):  # a response too big is not stored: the request misses again
+            small = admit(_request([1.0]), loop=loop)
+            assert not cache.answer(small)
+            small.stream.send_nowait(_answer(np.zeros(MAX_CACHED_BYTES // 4 + 1, np.float32)))
+            cache.finished(small)
+        assert stats.cache_hit.count == 0 and stats.cache_miss.count == 2
+
+    asyncio.run(scenario())

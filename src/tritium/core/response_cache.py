@@ -36,6 +36,10 @@ log = logging.getLogger("tritium.repository")
 # new token, so what its previous load answered is never served for it.
 CacheKey = tuple[int, bytes]
 _tokens = itertools.count(1)
+# Hashing a request and copying a response happen on the event loop: a request whose
+# inputs, or a response whose outputs, hold more than this bypasses the cache rather than
+# hold the loop for tens of milliseconds.
+MAX_CACHED_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,19 +122,37 @@ def request_key(request: AdmittedRequest, model_name: str, version: int, token: 
     return (token, digest.digest())
 
 
-def _entry(response: InferenceResponse, key: CacheKey) -> CacheEntry:
+def _entry(response: InferenceResponse, size: int) -> CacheEntry:
     # Copies: what the first client (or a BLS caller) does with its arrays cannot reach
     # the cache.
     outputs = tuple(Tensor(t.name, t.datatype, t.shape, np.array(t.data, copy=True))
                     for t in response.outputs)
-    size = len(key[1]) + sum(_byte_size(t) for t in outputs)
     return CacheEntry(outputs, tuple(response.parameters.items()), size)
 
 
+# Beyond this many BYTES elements, a tensor is not sized element by element (a Python
+# loop on the event loop) and counts as too big to cache.
+_MAX_STRING_ELEMENTS = 65536
+
+
 def _byte_size(tensor: Tensor) -> int:
-    if tensor.datatype is DataType.BYTES:
-        return sum(4 + len(element) for element in tensor.data.reshape(-1).tolist())
-    return int(tensor.data.nbytes)
+    """The tensor's serialized size; more than MAX_CACHED_BYTES when it is not worth
+    counting exactly."""
+    if tensor.datatype is not DataType.BYTES:
+        return int(tensor.data.nbytes)
+    if tensor.data.size > _MAX_STRING_ELEMENTS:
+        return MAX_CACHED_BYTES + 1
+    return sum(4 + len(element) for element in tensor.data.reshape(-1).tolist())
+
+
+def _cacheable(request: AdmittedRequest) -> bool:
+    """Whether the request's inputs are small enough to hash on the loop."""
+    total = 0
+    for tensor in request.request.inputs.values():
+        total += _byte_size(tensor)
+        if total > MAX_CACHED_BYTES:
+            return False
+    return True
 
 
 def _response(entry: CacheEntry) -> InferenceResponse:
@@ -157,6 +179,8 @@ class ModelCache:
     def answer(self, request: AdmittedRequest) -> bool:
         """Answer ``request`` from the cache if it holds its response (True), or remember
         its key so that its response is stored when it succeeds (False)."""
+        if not _cacheable(request):
+            return False
         started = time.monotonic_ns()
         key = request_key(request, self._name, self._version, self._token)
         entry = self._cache.lookup(key)
@@ -213,7 +237,9 @@ class ModelCache:
                 or response is None or response.flag_only or response.error is not None):
             return
         started = time.monotonic_ns()
-        self._cache.insert(key, _entry(response, key))
+        size = len(key[1]) + sum(_byte_size(t) for t in response.outputs)
+        if size <= min(self._cache.capacity, MAX_CACHED_BYTES):
+            self._cache.insert(key, _entry(response, size))
         self._stats.cache_miss.add(lookup_ns + time.monotonic_ns() - started)
 
 
