@@ -47,6 +47,11 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         config.write(CACHE)
     add_ensemble(repo, "ensemble_of_cached", ENSEMBLE_IO,
                  [("cached", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})])
+    _probe(repo, "decoupled_step", records, DECOUPLED)
+    streaming_dir = add_ensemble(repo, "cached_streaming_ensemble", ENSEMBLE_IO,
+                                 [("decoupled_step", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})])
+    with (streaming_dir / "config.pbtxt").open("a") as config:
+        config.write(CACHE)
     process = TritiumProcess(repo, "--python-instance-kind", request.param,
                              "--cache-config", f"local,size={CACHE_BYTES}",
                              "--model-control-mode", "explicit", "--load-model", "*")
@@ -183,10 +188,10 @@ def test_a_reloaded_model_starts_with_no_entries(server: TritiumProcess, module:
     assert _executions(server, "cached") == before + 2
 
 
-def test_decoupled_model_with_cache_is_refused(server: TritiumProcess) -> None:
+@pytest.mark.parametrize("model", ["cached_decoupled", "cached_streaming_ensemble"])
+def test_decoupled_model_with_cache_is_refused(server: TritiumProcess, model: str) -> None:
     index = _client(server, httpclient).get_model_repository_index()
-    row = next(r for r in index if r["name"] == "cached_decoupled")
+    row = next(r for r in index if r["name"] == model)
     assert row["state"] == "UNAVAILABLE"
-    assert row["reason"].startswith(
-        "Response Cache does not currently support model cached_decoupled with 'decoupled' "
-        "transaction policy. Please disable the response cache.")
+    assert (f"Response Cache does not currently support model {model} with 'decoupled' "
+            "transaction policy. Please disable the response cache.") in row["reason"]
