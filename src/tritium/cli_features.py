@@ -54,7 +54,30 @@ def server_settings(args: argparse.Namespace, exit_on_error: bool) -> dict[str, 
         "log": log_config(args),
         "features": settings,
         "process_arena": python_backend(settings.backends)[0],
+        "cache_bytes": cache_bytes(settings.cache),
+        "model_config_name": args.model_config_name or None,
     }
+
+
+def cache_bytes(cache: CacheConfig | None) -> int | None:
+    """The local response cache's size in bytes; None when no cache is configured."""
+    if cache is None:
+        return None
+    if cache.name != "local":
+        raise FlagError(f"--cache-config: '{cache.name}' caches are not supported here; "
+                        "the local cache is (local,size=<bytes>)")
+    settings = dict(cache.settings)
+    unknown = sorted(set(settings) - {"size"})
+    if unknown:
+        raise FlagError(f"--cache-config: unknown local cache setting(s) {', '.join(unknown)}")
+    try:
+        size = int(settings.get("size", ""))
+    except ValueError:
+        raise FlagError("--cache-config local needs size=<bytes>, a non-negative "
+                        "integer") from None
+    if size < 0:
+        raise FlagError("--cache-config local size must not be negative")
+    return size
 
 
 def warnings(args: argparse.Namespace) -> list[str]:

@@ -80,9 +80,8 @@ FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("model-load-thread-count", v.integer, DONE, "models loaded at the same time"),
     TritonFlag("model-load-retry-count", v.integer, DONE,
                "more tries for a version that fails to load"),
-    TritonFlag("model-config-name", str, REFUSE,
-               "custom configuration names (configs/<name>.pbtxt) are not supported: "
-               "give each variant its own model repository"),
+    TritonFlag("model-config-name", str, DONE,
+               "each model's configs/<name>.pbtxt, where it has one, over its config.pbtxt"),
     TritonFlag("model-namespacing", v.triton_bool, REFUSE,
                "model namespacing is not supported: model names are unique across "
                "repositories", applies=_is_true),
@@ -145,9 +144,10 @@ FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("backend-config", _BACKEND, DONE,
                "<backend>,<setting>=<value> or a global <setting>=<value>", repeat=True),
     TritonFlag("repoagent-directory", str, NO_HW, "repository agents are not supported"),
-    TritonFlag("cache-config", v.named_setting("cache-config", "cache name", False), LATER,
-               "the response cache", repeat=True),
-    TritonFlag("response-cache-byte-size", v.integer, LATER, "the response cache"),
+    TritonFlag("cache-config", v.named_setting("cache-config", "cache name", False), DONE,
+               "the response cache: local,size=<bytes>", repeat=True),
+    TritonFlag("response-cache-byte-size", v.integer, DONE,
+               "the local response cache's size (older form of --cache-config)"),
     TritonFlag("cache-directory", str, NO_HW, "cache libraries are not loaded here"),
     # -- rate limiter
     TritonFlag("rate-limit", v.choice("execution_count", "off"), LATER, "the rate limiter",

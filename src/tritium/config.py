@@ -85,3 +85,7 @@ class ServerConfig:
     log: LogConfig = field(default_factory=LogConfig)
     features: FeatureConfig = field(default_factory=FeatureConfig)
     process_arena: ProcessArenaSettings = field(default_factory=ProcessArenaSettings)
+    # The response cache's size in bytes (--cache-config local,size=N); None: no cache.
+    cache_bytes: int | None = None
+    # --model-config-name: a model's configs/<name>.pbtxt, where it has one, over config.pbtxt.
+    model_config_name: str | None = None

@@ -15,6 +15,7 @@ from tritium.config import GrpcLimitSettings, ServerConfig
 from tritium.core import offload
 from tritium.core.descriptors import default_connection_cap
 from tritium.core.header_forward import header_forward
+from tritium.core.response_cache import ResponseCache
 from tritium.core.restrictions import ApiGroup, by_group
 from tritium.core.service import EXTENSIONS, InferenceService
 from tritium.core.shared_memory import SharedMemoryRegistry, extensions
@@ -119,16 +120,19 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         assert service is not None
         return create_python_backend(info, model_config, service)
 
+    cache = ResponseCache(config.cache_bytes) if config.cache_bytes is not None else None
+
     def create_ensemble(plan: EnsemblePlan, model_config: Any, version: int) -> EnsembleModel:
         assert service is not None
-        return EnsembleModel(plan, model_config, service, version)
+        return EnsembleModel(plan, model_config, service, version, cache)
 
     manager = ModelManager(
         list(config.model_repositories), loop, create_backend,
         auto_complete_config if config.auto_complete_config else None,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
         create_ensemble=create_ensemble, load_concurrency=config.model_load_thread_count,
-        load_retries=config.model_load_retry_count,
+        load_retries=config.model_load_retry_count, response_cache=cache,
+        config_name=config.model_config_name,
     )
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
                                config.server_id, config.strict_readiness)

@@ -298,3 +298,23 @@ def test_grpc_model_parameter_refusals(server: TritiumProcess, parameters: dict[
     is refused naming the ones it does (TRITON_RESERVED_REQUEST_PARAMS, common.h); a model
     parameter must be int64, bool, string (or double) valued."""
     test_grpc_parameter_of_the_wrong_type(server, parameters, expected)
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+@pytest.mark.parametrize(("model", "body", "expected"), [
+    ("bls_errors", {"MODE": 123}, "attempt to access JSON non-string as string"),
+    ("bls_errors", {"MODE": {"USER": "hello", "BOT": "world"}},
+     "attempt to access JSON non-string as string"),
+    ("add_sub", {"INPUT0": ["1"] * 16, "INPUT1": [1.0] * 16},
+     "attempt to access JSON non-number as double"),
+])
+def test_generate_value_of_the_wrong_json_type(server: TritiumProcess, endpoint: str,
+                                               model: str, body: dict[str, Any],
+                                               expected: str) -> None:
+    """Triton's generate_endpoint_test (test_invalid_input_types, test_complex_schema)
+    matches TritonJson's words for a value of the wrong JSON type."""
+    reply = requests.post(f"http://{server.http_url}/v2/models/{model}/{endpoint}",
+                          json=body, timeout=30)
+    assert reply.status_code == 400
+    assert reply.headers["Content-Type"] == "application/json"
+    assert expected in reply.json()["error"]

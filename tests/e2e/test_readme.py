@@ -216,8 +216,6 @@ def next_block(block: Block) -> Block | None:
 @pytest.mark.e2e
 @pytest.mark.parametrize("block", blocks_of("python"), ids=block_id)
 def test_python_blocks(block: Block, bundled: TritiumProcess) -> None:
-    if "chat.completions" in block.text:
-        pytest.xfail("the bundled llm has no chat template")
     code = block.text.replace("localhost:8000", f"127.0.0.1:{bundled.http_port}")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)

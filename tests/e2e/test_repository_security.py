@@ -129,6 +129,9 @@ def bad_names(sandbox: Sandbox) -> list[tuple[str, str, Path | None]]:
         ("%2E%2E", "path traversal", None),
         ("x" * 300, "at most 255 bytes", None),
         ("a%3Bb", "must not contain any of", None),
+        # The python backend's words, which Triton's model-name tests match.
+        ("model%3Btest", "Invalid stub name: contains invalid characters", None),
+        ("model%5Ctest", "Invalid stub name: contains invalid characters", None),
     ]
 
 

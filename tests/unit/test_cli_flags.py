@@ -67,10 +67,11 @@ TRITONSERVER_2_51: list[tuple[str, str | None]] = [
 TRITONSERVER_2_73: list[tuple[str, str | None]] = [
     ("http-max-input-size", "67108864"), ("grpc-infer-thread-count", "4"),
     ("grpc-max-response-pool-size", "16"), ("allow-client-shm", "false"),
+    ("model-config-name", "h100"),
 ]
 # Flags refused whatever their value (the rest are refused only for values that ask for
 # something this server does not do).
-ALWAYS_REFUSED = {"model-config-name"}
+ALWAYS_REFUSED: set[str] = set()
 NEEDS = {"load-model": ["--model-control-mode=explicit"]}
 
 
@@ -110,7 +111,6 @@ def test_the_fixture_covers_every_flag_the_parser_knows() -> None:
 
 
 @pytest.mark.parametrize(("argv", "fragment"), [
-    (["--model-config-name=h100"], "custom configuration names"),
     (["--allow-sagemaker=true"], "SageMaker"),
     (["--allow-vertex-ai", "1"], "Vertex AI"),
     (["--model-namespacing=true"], "namespacing"),
@@ -198,7 +198,7 @@ def test_one_warning_line_per_kind_of_flag() -> None:
                  "--min-supported-compute-capability", "--backend-directory",
                  "--backend-config=tensorrt"):
         assert flag in hardware
-    assert "--trace-config (tracing)" in later and "--cache-config" in later
+    assert "--trace-config (tracing)" in later and "--cache-config" not in later
     assert "sagemaker" not in " ".join(warnings) and "--rate-limit " not in later
 
 

@@ -305,21 +305,23 @@ def test_wrong_json_shapes(doc: dict[str, Any], match: str) -> None:
 @pytest.mark.parametrize(
     "datatype, data, match",
     [
-        ("BOOL", [1, 0], "cannot hold JSON values of type int"),
-        ("INT32", [1.0, 2], "type float"),
-        ("INT32", [True, 2], "type bool"),
+        ("BOOL", [1, 0], "Unable to parse 'data': attempt to access JSON non-boolean as "
+                         "boolean"),
+        ("INT32", [1.0, 2], "non-signed-integer as signed-integer"),
+        ("INT32", [True, 2], "non-signed-integer as signed-integer"),
+        ("UINT16", ["1", 2], "non-unsigned-integer as unsigned-integer"),
         ("UINT8", [-1, 2], "out of range"),
         ("INT8", [128, 2], "out of range"),
         ("UINT32", [2**32, 1], "out of range"),
         ("INT64", [2**63, 1], "out of range"),
-        ("FP32", ["1", 2], "type str"),
-        ("BYTES", [b"x".hex(), 2], "type int"),
+        ("FP32", ["1", 2], "attempt to access JSON non-number as double"),
+        ("BYTES", [b"x".hex(), 2], "attempt to access JSON non-string as string"),
         ("FP16", [1.0, 2.0], "FP16 data via JSON is not supported"),
         ("BF16", [1.0, 2.0], "BF16 data via JSON is not supported"),
         ("INT32", [1, 2, 3], "Shape does not match"),
         ("INT32", [1], "Shape does not match"),
         ("INT32", [[1, 2], [3]], "Shape does not match"),
-        ("INT32", [1, [2]], "type list"),
+        ("INT32", [1, [2]], "non-signed-integer as signed-integer"),
         ("INT32", 7, "Unable to parse 'data'"),
     ],
 )
@@ -331,7 +333,8 @@ def test_bad_json_data(datatype: str, data: Any, match: str) -> None:
 def test_integers_beyond_64_bits_arrive_as_floats_and_are_refused() -> None:
     body = (b'{"inputs":[{"name":"X","shape":[1],"datatype":"UINT64",'
             b'"data":[18446744073709551616]}]}')
-    expect_invalid("type float", decode_infer_request, body, None, "m", None)
+    expect_invalid("non-unsigned-integer as unsigned-integer", decode_infer_request, body,
+                   None, "m", None)
 
 
 def test_json_nesting_depth_is_capped() -> None:

@@ -138,13 +138,26 @@ def test_empty_body_is_an_empty_request() -> None:
         ({"max_tokens": {"a": 1}}, "invalid type"),
         ({"parameters": 3}, "Expected JSON object for keyword: 'parameters'"),
         ({"parameters": {"bad": None}}, "Converting keyword: 'parameters': parameter 'bad'"),
-        ({"ids": [1.5]}, "type float"),
-        ({"ids": [[1, 2]]}, "type list"),
-        ({"stream": 1}, "type int"),
+        ({"ids": [1.5]}, "attempt to access JSON non-signed-integer as signed-integer"),
+        ({"ids": [[1, 2]]}, "attempt to access JSON non-signed-integer as signed-integer"),
+        ({"stream": 1}, "attempt to access JSON non-boolean as boolean"),
     ],
 )
 def test_bad_generate_requests(doc: dict[str, Any] | bytes, match: str) -> None:
     expect_invalid(match, doc, model(0, IDS, FLAG))
+
+
+@pytest.mark.parametrize("doc, match", [
+    # Triton's generate_endpoint_test: each value in the body's order, in Triton's words.
+    ({"text_input": 123, "stream": False}, "attempt to access JSON non-string as string"),
+    ({"text_input": "hello", "stream": "false"}, "attempt to access JSON non-boolean as boolean"),
+    ({"text_input": True, "stream": 123}, "attempt to access JSON non-string as string"),
+    ({"stream": 123, "text_input": True}, "attempt to access JSON non-boolean as boolean"),
+    ({"text_input": {"USER": "hello", "BOT": "world"}, "stream": True},
+     "attempt to access JSON non-string as string"),
+])
+def test_values_of_the_wrong_json_type(doc: dict[str, Any], match: str) -> None:
+    expect_invalid(match, doc, model(0, TEXT, FLAG))
 
 
 def test_half_precision_inputs_are_refused() -> None:

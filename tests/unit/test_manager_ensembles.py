@@ -139,3 +139,21 @@ def test_a_reload_that_breaks_the_ensemble_takes_it_out_until_fixed(tmp_path: Pa
         assert ready(manager) == {"m", "ens"}
 
     run(tmp_path, ControlMode.EXPLICIT, scenario)
+
+
+def test_a_step_without_model_version_asks_for_version_0(tmp_path: Path) -> None:
+    """Triton reads an omitted step version as 0, which no model has: the ensemble is
+    refused, and only -1 means the latest version."""
+    add_plain(tmp_path, "m")
+    add_ensemble(tmp_path, "e", "m")
+    config = tmp_path / "e" / "config.pbtxt"
+    config.write_text(config.read_text().replace(" model_version: -1", ""))
+
+    async def scenario(manager: ModelManager) -> None:
+        with pytest.raises(TritiumError) as info:
+            await manager.load("e", {})
+        assert ("ensemble 'e' depends on 'm' whose required version 0 is not loaded."
+                in info.value.message)
+        assert ready(manager) == {"m"}
+
+    run(tmp_path, ControlMode.EXPLICIT, scenario)

@@ -50,6 +50,14 @@ def test_names_that_are_not_one_path_component_are_refused(name: str, problem: s
 def test_characters_the_python_backend_refuses_are_refused(char: str) -> None:
     problem = model_name_problem(f"a{char}b")
     assert "must not contain any of" in problem
+    # The python backend's own words, which Triton's tests match.
+    assert "Invalid stub name: contains invalid characters" in problem
+
+
+def test_a_backslash_is_traversal_and_a_stub_character() -> None:
+    problem = model_name_problem("model\\test")
+    assert "path traversal" in problem
+    assert "Invalid stub name: contains invalid characters" in problem
 
 
 def test_the_python_backend_list_is_triton_s() -> None:

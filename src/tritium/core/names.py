@@ -55,14 +55,18 @@ def shown(text: str) -> str:
 
 
 _TRAVERSAL = "model name must not contain path traversal characters"
+# The python backend's words for a stub name with a refused character (clients match them).
+_STUB_REFUSED = "Invalid stub name: contains invalid characters"
 
 
 def _character_problem(char: str) -> str:
-    if char in _PATH_CHARS:
+    if char == "/":
         return _TRAVERSAL
+    if char in _PATH_CHARS:  # a backslash: the python backend refuses it too
+        return f"{_TRAVERSAL}; {_STUB_REFUSED}"
     if char < " " or char == "\x7f":
         return "a model name must not contain control characters"
-    return f"a model name must not contain any of {STUB_INVALID_CHARS}"
+    return f"{_STUB_REFUSED}; a model name must not contain any of {STUB_INVALID_CHARS}"
 
 
 def _utf8_size(name: str) -> int:

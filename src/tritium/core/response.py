@@ -110,6 +110,7 @@ class ResponseStream:
         "_wake_pending",
         "closed",
         "error",
+        "final_response",
         "on_done",
         "on_late_final",
     )
@@ -134,6 +135,8 @@ class ResponseStream:
         self.on_late_final: Callable[[], None] | None = None
         # The last error the stream carried: the request failed if it is set.
         self.error: TritiumError | None = None
+        # The response that closed the stream (what the response cache stores).
+        self.final_response: InferenceResponse | None = None
 
     # -- send half (any thread) ------------------------------------------------
     def send_nowait(self, response: InferenceResponse) -> None:
@@ -163,6 +166,7 @@ class ResponseStream:
             response.served_by = self._served_by
         if response.final:
             self.closed = True
+            self.final_response = response
         if response.error is not None:
             self.error = response.error
         self._items.append(response)

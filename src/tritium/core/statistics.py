@@ -50,6 +50,9 @@ class ModelStatistics:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    # Response cache: hits (lookup time) and stored misses (lookup and insert time).
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
     # (reason name) -> count, reasons as Triton's failure metric spells them
     failures: Counter[str] = field(default_factory=Counter)
     # (reason, stage) -> count: tritium's own cancellation figures

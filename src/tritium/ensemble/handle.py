@@ -12,6 +12,7 @@ from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.inflight import InFlight
 from tritium.core.request import AdmittedRequest, RequestStage
 from tritium.core.response import InferenceResponse, ServedBy
+from tritium.core.response_cache import ResponseCache, cache_for
 from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
 from tritium.ensemble.graph import EnsembleGraph
@@ -43,7 +44,7 @@ class EnsembleModel:
     """
 
     def __init__(self, plan: EnsemblePlan, config: Any, service: InferenceService,
-                 version: int = 1):
+                 version: int = 1, response_cache: ResponseCache | None = None):
         self.plan = plan
         self.service = service
         self._graph = EnsembleGraph(plan)
@@ -76,6 +77,13 @@ class EnsembleModel:
         self.load_seconds = 0.0
         self.accepting = True
         self._stats = ModelStatistics()
+        if self.decoupled and config.response_cache.enable:
+            raise TritiumError(
+                ErrorCode.INVALID_ARG,
+                f"Response Cache does not currently support model {self.name} with "
+                "'decoupled' transaction policy. Please disable the response cache.")
+        # Triton caches an ensemble's own responses (its steps cache by their own configs).
+        self.cache = cache_for(config, response_cache, version, self._stats)
         self._runs: dict[AdmittedRequest, EnsembleRun] = {}
         # Ensemble requests whose final response is not sent: what an unload waits for.
         self._admitted: InFlight[AdmittedRequest] = InFlight()
@@ -107,6 +115,9 @@ class EnsembleModel:
                 ErrorCode.UNAVAILABLE,
                 f"model '{self.name}' version {self.version} is not accepting new requests",
             )
+        if self.cache is not None and self.cache.answer(request):
+            self._admitted.add(request)
+            return
         # As Triton's ensemble scheduler: the request executes once handed to its steps;
         # each step's own request is queued (or not) by its model.
         request.move_to(RequestStage.QUEUED)
@@ -139,8 +150,10 @@ class EnsembleModel:
         request.stream.close_with(InferenceResponse.failure(error))
 
     def request_finished(self, request: AdmittedRequest, error: TritiumError | None) -> None:
-        run = self._runs.pop(request, None)
         self._admitted.discard(request)
+        if self.cache is not None and self.cache.finished(request):
+            return
+        run = self._runs.pop(request, None)
         if request.stage is not RequestStage.DONE:
             request.move_to(RequestStage.DONE)
         self._stats.executing -= 1
@@ -177,6 +190,8 @@ class EnsembleModel:
 
     async def stop(self) -> None:
         self.accepting = False
+        if self.cache is not None:
+            self.cache.close()
 
     def in_flight(self) -> int:
         return len(self._admitted)

@@ -37,7 +37,9 @@ class EnsemblePlan:
         steps = tuple(
             EnsembleStep(
                 model_name=step.model_name,
-                model_version=step.model_version if step.model_version else -1,
+                # As Triton reads it: an omitted version is 0, a version no model has,
+                # so the ensemble is refused at load; only -1 means the latest.
+                model_version=step.model_version,
                 input_map=dict(step.input_map),
                 output_map=dict(step.output_map),
             )

@@ -52,6 +52,19 @@ COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
      lambda s: s.compute_output.ns // 1000),
 )
 
+# Per-model response cache families: only for versions whose cache is enabled.
+CACHE_COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model",
+     lambda s: s.cache_hit.count),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model",
+     lambda s: s.cache_miss.count),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda s: s.cache_hit.ns // 1000),
+    ("nv_cache_miss_duration_per_model",
+     "Total cache miss (insert+lookup) duration per model, in microseconds",
+     lambda s: s.cache_miss.ns // 1000),
+)
+
 FAILURES = "nv_inference_request_failure"
 PENDING = "nv_inference_pending_request_count"
 LOAD_TIME = "nv_model_load_duration_secs"
@@ -60,7 +73,7 @@ STOP_DELAY = "tritium_cancellation_stop_delay_ms"
 # Triton has no such family (its stubs are not restarted); tritium's own, in its style.
 RESTARTS = "tritium_model_instance_restarts"
 BUILTIN_NAMES = frozenset(
-    [name for name, _, _ in COUNTERS]
+    [name for name, _, _ in COUNTERS + CACHE_COUNTERS]
     + [FAILURES, PENDING, LOAD_TIME, CANCELLATIONS, STOP_DELAY, RESTARTS]
     + list(generation.NAMES)
 )
@@ -192,6 +205,7 @@ class TritonCollector(Collector):
             for _, stats, labels in models:
                 family.add_sample(name, labels, read(stats))
             yield family
+        yield from self._cache(models)
         yield self._failures(models)
         yield self._pending(models)
         yield self._load_time(models)
@@ -199,6 +213,17 @@ class TritonCollector(Collector):
         yield from self._stop_delay(models)
         yield self._restarts(models)
         yield from generation.generation_families(models)
+
+    def _cache(self, models: list[Any]) -> Iterator[Metric]:
+        cached = [(stats, labels) for model, stats, labels in models
+                  if getattr(model, "cache", None) is not None]
+        if not cached:
+            return
+        for name, text, read in CACHE_COUNTERS:
+            family = _counter(name, text)
+            for stats, labels in cached:
+                family.add_sample(name, labels, read(stats))
+            yield family
 
     def _failures(self, models: list[Any]) -> Metric:
         name = FAILURES

@@ -225,13 +225,14 @@ class DependencyRules:
                    for other in self.models.values() if other.name not in removed)
 
 
-def declared_ensembles(found: Mapping[str, Path], names: list[str]) -> set[str]:
+def declared_ensembles(found: Mapping[str, Path], names: list[str],
+                       config_name: str | None = None) -> set[str]:
     """Which of ``names`` are ensembles, by their config files (one that cannot be read
     counts as a plain model: its own load reports why)."""
     ensembles = set()
     for name in names:
         try:
-            config = read_model_config(found[name], auto_completing=True).config
+            config = read_model_config(found[name], True, config_name).config
         except TritiumError:
             continue
         if is_ensemble(config):

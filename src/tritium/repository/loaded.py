@@ -17,6 +17,7 @@ from tritium.core.errors import TritiumError
 from tritium.core.inflight import InFlight
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import ServedBy
+from tritium.core.response_cache import ResponseCache, cache_for
 from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
 from tritium.execution.backend import InstanceInfo, ModelBackend
@@ -25,6 +26,7 @@ from tritium.execution.process.choice import make_instance
 from tritium.execution.process.supervisor import SupervisedInstance
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.repository.validation import ConfigError
+from tritium.repository.warmup import WarmupRoute, warm_up, warmup_samples
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
 from tritium.scheduling.sequence_oldest import OldestSequenceScheduler
 from tritium.scheduling.sequences import SequenceScheduler
@@ -45,7 +47,8 @@ _KIND_NAMES = {
 class LoadedModel:
     """Implements ``tritium.core.model.ModelHandle`` for one model version."""
 
-    def __init__(self, model_dir: Path, version: int, config: Any):
+    def __init__(self, model_dir: Path, version: int, config: Any,
+                 response_cache: ResponseCache | None = None):
         self.model_dir = model_dir
         self.name: str = config.name
         self.version = version
@@ -61,6 +64,7 @@ class LoadedModel:
         self.served_by = ServedBy(self.name, version, self.max_batch_size > 0, self.labels)
         self.scheduler = _scheduler(self.name, version, config, self.decoupled, model_dir)
         self.instances: list[ModelInstance | SupervisedInstance] = []
+        self.cache = cache_for(config, response_cache, version, self.scheduler.stats)
         self.load_seconds = 0.0
         # Admitted requests whose final response has not been sent: what an unload waits
         # for. (The service's own set holds them too: a shutdown asks about every model.)
@@ -73,7 +77,17 @@ class LoadedModel:
             not self.instances or any(getattr(i, "ready", True) for i in self.instances))
 
     def enqueue(self, request: AdmittedRequest) -> None:
-        self.scheduler.enqueue(request)
+        cache = self.cache
+        # A version that stopped admitting (unloading) answers nothing, not even a hit.
+        if cache is not None and self.scheduler.accepting and cache.answer(request):
+            self._admitted.add(request)
+            return
+        try:
+            self.scheduler.enqueue(request)
+        except TritiumError:
+            if cache is not None:
+                cache.forget(request)
+            raise
         self._admitted.add(request)
         if self.decoupled:
             request.stream.on_late_final = lambda: self.scheduler.model_stopped(request)
@@ -82,7 +96,9 @@ class LoadedModel:
         self.scheduler.request_cancelled(request)
 
     def request_finished(self, request: AdmittedRequest, error: TritiumError | None) -> None:
-        self.scheduler.request_finished(request, error)
+        cache = self.cache
+        if cache is None or not cache.finished(request):
+            self.scheduler.request_finished(request, error)
         self._admitted.discard(request)
 
     def statistics(self) -> ModelStatistics:
@@ -97,12 +113,19 @@ class LoadedModel:
         """Start every instance (``initialize`` runs on each instance's thread)."""
         started = time.monotonic()
         config_text = json.dumps(self.config_json)
+        samples = await asyncio.to_thread(warmup_samples, self.config, self.model_dir)
+        # Only a model with warmup samples reports through the route's extra hop.
+        route = WarmupRoute() if samples else None
+        on_done = route if route is not None else self.scheduler.batch_done
         try:
             for info in self._instance_infos(config_text):
                 self.instances.append(make_instance(
-                    info, self.config, loop, self.scheduler.batch_done,
+                    info, self.config, loop, on_done,
                     lambda i: create_backend(i, self.config)))
             await asyncio.gather(*(instance.start() for instance in self.instances))
+            if route is not None:
+                await warm_up(self.name, samples, self.instances, route)
+                route.target = self.scheduler.batch_done
         except BaseException:
             await self.stop()
             raise
@@ -115,6 +138,8 @@ class LoadedModel:
         for instance in self.instances:
             instance.stop()
         await asyncio.gather(*(instance.wait_stopped() for instance in self.instances))
+        if self.cache is not None:
+            self.cache.close()
 
     def in_flight(self) -> int:
         """Admitted requests that have not sent their final response."""

@@ -21,6 +21,7 @@ from typing import Any
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import IndexEntry, ModelState
 from tritium.core.names import check_model_name
+from tritium.core.response_cache import ResponseCache
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.ensemble.validation import is_ensemble
 from tritium.repository.config import (
@@ -117,6 +118,8 @@ class ModelManager(DependencyRules):
         create_ensemble: EnsembleFactory | None = None,
         load_concurrency: int | None = None,
         load_retries: int = 0,
+        response_cache: ResponseCache | None = None,
+        config_name: str | None = None,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -135,6 +138,9 @@ class ModelManager(DependencyRules):
         self._load_slots = (asyncio.Semaphore(load_concurrency)
                             if load_concurrency is not None else None)
         self.load_retries = load_retries  # --model-load-retry-count
+        self.response_cache = response_cache  # --cache-config; None: no caching
+        # --model-config-name: read configs/<name>.pbtxt where a model has one.
+        self.config_name = config_name
 
     # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
@@ -154,7 +160,7 @@ class ModelManager(DependencyRules):
                 self.models[name] = ModelEntry(name, found[name], reason=UNLOADED)
         # Plain models first, all at once; then each ensemble, which loads or checks its
         # composing models (nested ensembles first) before itself.
-        ensembles = await asyncio.to_thread(declared_ensembles, found, wanted)
+        ensembles = await asyncio.to_thread(declared_ensembles, found, wanted, self.config_name)
         await asyncio.gather(*(self._install(name, found[name])
                                for name in wanted if name not in ensembles))
         for name in sorted(ensembles):
@@ -328,7 +334,7 @@ class ModelManager(DependencyRules):
         check_model_name(model_dir.name)
         if overrides is not None and overrides.config is not None:
             return PreparedConfig(prepare_model_config(model_dir, overrides.config))
-        return read_model_config(model_dir, self.auto_complete is not None)
+        return read_model_config(model_dir, self.auto_complete is not None, self.config_name)
 
     async def _start_versions(self, entry: ModelEntry, model_dir: Path, versions: list[int],
                               config: Any) -> dict[int, ServedVersion | str]:
@@ -366,7 +372,7 @@ class ModelManager(DependencyRules):
 
     def _new_version(self, model_dir: Path, version: int, config: Any) -> ServedVersion:
         if not is_ensemble(config):
-            return LoadedModel(model_dir, version, config)
+            return LoadedModel(model_dir, version, config, self.response_cache)
         if self.create_ensemble is None:
             raise TritiumError(ErrorCode.UNSUPPORTED, "ensembles are not available here")
         return self.create_ensemble(EnsemblePlan.from_config(config), config, version)

@@ -681,7 +681,6 @@ def _duration(value: Duration) -> pb.StatisticDuration:
 
 def _model_statistics(entry: ModelStatisticsEntry) -> pb.ModelStatistics:
     stats: ModelStatistics = entry.stats
-    zero = pb.StatisticDuration()
     return pb.ModelStatistics(
         name=entry.name,
         version=str(entry.version),
@@ -695,8 +694,8 @@ def _model_statistics(entry: ModelStatisticsEntry) -> pb.ModelStatistics:
             compute_input=_duration(stats.compute_input),
             compute_infer=_duration(stats.compute_infer),
             compute_output=_duration(stats.compute_output),
-            cache_hit=zero,
-            cache_miss=zero,
+            cache_hit=_duration(stats.cache_hit),
+            cache_miss=_duration(stats.cache_miss),
         ),
         batch_stats=[
             pb.InferBatchStatistics(batch_size=size,

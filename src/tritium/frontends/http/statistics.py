@@ -14,7 +14,6 @@ def _duration(value: Duration) -> dict[str, int]:
 
 def _model(entry: ModelStatisticsEntry) -> dict[str, Any]:
     stats: ModelStatistics = entry.stats
-    zero = Duration()
     return {
         "name": entry.name,
         "version": str(entry.version),
@@ -28,8 +27,8 @@ def _model(entry: ModelStatisticsEntry) -> dict[str, Any]:
             "compute_input": _duration(stats.compute_input),
             "compute_infer": _duration(stats.compute_infer),
             "compute_output": _duration(stats.compute_output),
-            "cache_hit": _duration(zero),
-            "cache_miss": _duration(zero),
+            "cache_hit": _duration(stats.cache_hit),
+            "cache_miss": _duration(stats.cache_miss),
         },
         "response_stats": {},
         "batch_stats": [

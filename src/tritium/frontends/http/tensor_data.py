@@ -61,6 +61,22 @@ _JSON_ELEMENT_TYPES: dict[DataType, frozenset[type]] = {
     DataType.BYTES: frozenset((str,)),
     **{t: _INTEGER for t in DataType if t.numpy.kind in "iu" and t is not DataType.BF16},
 }
+# What Triton's JSON reader says when an element is not of the JSON type a datatype needs.
+_NOT_BOOLEAN = "attempt to access JSON non-boolean as boolean"
+_NOT_STRING = "attempt to access JSON non-string as string"
+_NOT_NUMBER = "attempt to access JSON non-number as double"
+_NOT_SIGNED = "attempt to access JSON non-signed-integer as signed-integer"
+_NOT_UNSIGNED = "attempt to access JSON non-unsigned-integer as unsigned-integer"
+
+
+def _wrong_type_text(datatype: DataType) -> str:
+    if datatype is DataType.BOOL:
+        return _NOT_BOOLEAN
+    if datatype is DataType.BYTES:
+        return _NOT_STRING
+    if datatype.numpy.kind == "f":
+        return _NOT_NUMBER
+    return _NOT_UNSIGNED if datatype.numpy.kind == "u" else _NOT_SIGNED
 
 
 def array_from_json(flat: list[Any], datatype: DataType, name: str) -> np.ndarray:
@@ -81,11 +97,8 @@ def array_from_json(flat: list[Any], datatype: DataType, name: str) -> np.ndarra
         return out
     found = set(map(type, flat))
     if not found <= allowed:
-        bad = sorted(t.__name__ for t in found - allowed)
-        raise invalid(
-            f"Unable to parse 'data': input '{name}' of datatype {datatype.wire} cannot hold "
-            f"JSON values of type {', '.join(bad)}"
-        )
+        # Triton's words; which JSON types were found is left to the log-free client.
+        raise invalid(f"Unable to parse 'data': {_wrong_type_text(datatype)}")
     if datatype is DataType.BYTES:
         return bytes_array([text.encode("utf-8", "surrogatepass") for text in flat])
     try:
