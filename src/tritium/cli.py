@@ -16,6 +16,7 @@ from tritium.core.restrictions import GROUP_NAMES, Restriction, parse_restrictio
 from tritium.execution.placement import ThreadPlacement, install
 from tritium.repository.manager import ControlMode
 from tritium.tls import TlsError, TlsSettings, server_context
+from tritium.tracing.settings import TraceSettings
 
 
 def _bool(text: str) -> bool:
@@ -106,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long shutdown (and an unload) waits for in-flight requests before "
         "cancelling them")
     add("--log-verbose", type=int, default=0)
+    add("--trace-config", action="append", default=[], dest="trace_config",
+        metavar="[MODE,]SETTING=VALUE",
+        help="tracing, as tritonserver's: rate=, level=, count=, mode=triton|opentelemetry; "
+             "triton,file= and triton,log-frequency=; opentelemetry,url=, resource=, "
+             "bsp_max_queue_size=, bsp_schedule_delay=, bsp_max_export_batch_size=")
     add("--http-max-input-size", type=_positive, default=64 * 1024 * 1024,
         help="largest accepted HTTP request body, in bytes")
     add("--cpu-cores", type=_cores, default=None,
@@ -283,7 +289,15 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         openai_tokenizer=args.tokenizer,
         allow_client_shm=args.allow_client_shm,
+        trace=_trace(args.trace_config),
     )
+
+
+def _trace(pairs: list[str]) -> TraceSettings:
+    try:
+        return TraceSettings.from_flags(pairs)
+    except ValueError as exc:
+        raise SystemExit(f"tritium: error: --trace-config: {exc}") from None
 
 
 def _pin(cores: frozenset[int]) -> None:

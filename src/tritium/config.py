@@ -8,6 +8,7 @@ from pathlib import Path
 from tritium.core.restrictions import Restriction
 from tritium.repository.manager import ControlMode
 from tritium.tls import TlsSettings
+from tritium.tracing.settings import TraceSettings
 
 BUNDLED_REPOSITORY = Path(__file__).parent / "example_repository"
 
@@ -68,3 +69,5 @@ class ServerConfig:
     openai_tokenizer: Path | None = None
     # Clients may register system shared memory regions (off by default, as in Triton 2.73).
     allow_client_shm: bool = False
+    # --trace-config: Triton's trace modes and settings (tracing/settings.py).
+    trace: TraceSettings = field(default_factory=TraceSettings)

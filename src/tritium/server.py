@@ -35,6 +35,7 @@ from tritium.metrics.server import MetricsServer
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.poll import RepositoryPoller
 from tritium.tls import TlsError, TlsSettings, server_context
+from tritium.tracing import ServerTracer
 
 log = logging.getLogger("tritium.server")
 
@@ -111,7 +112,8 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
         create_ensemble=create_ensemble,
     )
-    service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory))
+    service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
+                               tracer=ServerTracer(config.trace))
     instance_choice.configure(config.python_instance_kind, service)
     service.update_log_settings({"log_verbose_level": max(config.log_verbose, 0)})
     return service, manager
@@ -270,6 +272,8 @@ async def _shutdown(config: ServerConfig, service: InferenceService, manager: Mo
     if polling_stopped is not None:
         await polling_stopped
     await manager.shutdown()
+    if isinstance(service.tracer, ServerTracer):
+        await asyncio.to_thread(service.tracer.close)  # writes or exports what was traced
     if listeners.metrics is not None:
         await listeners.metrics.stop()
     log.info("shutdown complete: %d request(s) drained, %d cancelled",

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tritium.core import offload
+from tritium.core import offload, tracing
 from tritium.core.cancellation import Cancellation
 from tritium.core.errors import TritiumError, invalid
 from tritium.core.header_forward import HeaderForward
@@ -142,11 +142,12 @@ class HttpApi:
             respond_json(exchange, 200, self.service.log_settings())
 
     async def trace_settings(self, exchange: HttpExchange, match: Match) -> None:
+        model = match.model  # None: the global settings
         if exchange.request.method == "POST":
             changes = _json_object(exchange.request.body, allow_empty=True)
-            respond_json(exchange, 200, self.service.update_trace_settings(changes))
+            respond_json(exchange, 200, self.service.update_trace_settings(changes, model))
         else:
-            respond_json(exchange, 200, self.service.trace_settings())
+            respond_json(exchange, 200, self.service.trace_settings(model))
 
     # -- inference ---------------------------------------------------------------
     async def infer(self, exchange: HttpExchange, match: Match) -> None:
@@ -156,45 +157,55 @@ class HttpApi:
         # costs nothing, however big.
         model = self.service.model(name, version)
         headers = exchange.request.headers
-        if "content-encoding" in headers:
-            body = await self._unpacked_body(exchange)
-            resolved = None  # awaited: the repository may have changed since
-        else:
-            body = exchange.request.body
-            resolved = model
-        size = len(body)
-        header_text = headers.get("inference-header-content-length")
-        header_length = None if header_text is None else _header_length(header_text, size)
-        if size > offload.INLINE_BYTES:
-            request = await offload.run(self._decode_infer, body, header_length, model, version)
-            resolved = None
-        elif header_length != 0:  # the usual request, decoded here and now
-            request = codec.decode_infer_request(
-                body, header_length, model.name, version, max_input_size=self.max_input_size,
-                model=model, shared_memory=self.shared_memory)
-        else:
-            request = self._decode_infer(body, header_length, model, version)
-        if self.header_forward is not None:
-            self.header_forward.apply(request, headers)
+        tracer = self.service.tracer
+        trace = tracing.begin(tracer, model.name, headers, tracing.HTTP_EVENTS) \
+            if tracer.enabled else None
         try:
-            # ``resolved``: no await since the model was looked up, so it is still the one.
-            response = await self.service.infer(request, exchange.cancellation, resolved)
-        except TritiumError:
-            if exchange.disconnected:
+            if "content-encoding" in headers:
+                body = await self._unpacked_body(exchange)
+                resolved = None  # awaited: the repository may have changed since
+            else:
+                body = exchange.request.body
+                resolved = model
+            size = len(body)
+            header_text = headers.get("inference-header-content-length")
+            header_length = None if header_text is None else _header_length(header_text, size)
+            if size > offload.INLINE_BYTES:
+                request = await offload.run(self._decode_infer, body, header_length, model, version)
+                resolved = None
+            elif header_length != 0:  # the usual request, decoded here and now
+                request = codec.decode_infer_request(
+                    body, header_length, model.name, version, max_input_size=self.max_input_size,
+                    model=model, shared_memory=self.shared_memory)
+            else:
+                request = self._decode_infer(body, header_length, model, version)
+            request.trace = trace
+            if self.header_forward is not None:
+                self.header_forward.apply(request, headers)
+            try:
+                # ``resolved``: no await since the model was looked up, so it is still the one.
+                response = await self.service.infer(request, exchange.cancellation, resolved)
+            except TritiumError:
+                if exchange.disconnected:
+                    return
+                raise
+            if trace is not None:
+                tracing.sending(trace, tracing.HTTP_EVENTS)
+            accept = headers.get("accept-encoding")
+            if not offload.heavy_response(response):
+                out_headers, parts = codec.encode_infer_response(response, request)
+                if accept is not None:
+                    out_headers, parts = _compressed(out_headers, parts, accept)
+                exchange.respond(200, out_headers, parts)
                 return
-            raise
-        accept = headers.get("accept-encoding")
-        if not offload.heavy_response(response):
-            out_headers, parts = codec.encode_infer_response(response, request)
-            if accept is not None:
-                out_headers, parts = _compressed(out_headers, parts, accept)
-            exchange.respond(200, out_headers, parts)
-            return
-        out_headers, stream = await offload.run(codec.stream_infer_response, response, request)
-        if isinstance(stream, list):
-            exchange.respond(200, *await offload.run(_compressed, out_headers, stream, accept))
-        else:
-            await _send_pieces(exchange, out_headers, stream)
+            out_headers, stream = await offload.run(codec.stream_infer_response, response, request)
+            if isinstance(stream, list):
+                exchange.respond(200, *await offload.run(_compressed, out_headers, stream, accept))
+            else:
+                await _send_pieces(exchange, out_headers, stream)
+        finally:
+            if trace is not None:
+                tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
 
     def _decode_infer(self, body: bytes, header_length: int | None, model: ModelHandle,
                       version: int | None) -> InferenceRequest:
@@ -216,15 +227,31 @@ class HttpApi:
 
     async def generate(self, exchange: HttpExchange, match: Match) -> None:
         request = await self._generate_request(exchange, match)
-        response = await self._run(exchange, request, self.service.generate)
-        if response is None:
-            return
-        exchange.respond(200, JSON, await _coded(functools.partial(
-            generate.encode_generate_response, response, request),
-            offload.response_bytes(response)))
+        trace = request.trace
+        try:
+            response = await self._run(exchange, request, self.service.generate)
+            if response is None:
+                return
+            if trace is not None:
+                tracing.sending(trace, tracing.HTTP_EVENTS)
+            exchange.respond(200, JSON, await _coded(functools.partial(
+                generate.encode_generate_response, response, request),
+                offload.response_bytes(response)))
+        finally:
+            if trace is not None:
+                tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
 
     async def generate_stream(self, exchange: HttpExchange, match: Match) -> None:
         request = await self._generate_request(exchange, match)
+        trace = request.trace
+        try:
+            await self._generate_stream(exchange, request)
+        finally:
+            if trace is not None:
+                tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
+
+    async def _generate_stream(self, exchange: HttpExchange, request: InferenceRequest
+                               ) -> None:
         stream = self.service.submit(request, exchange.cancellation)
         started = False
         async for response in stream:
@@ -247,9 +274,14 @@ class HttpApi:
         name, version = _model(match), parse_version(match.version)
         model = self.service.model(name, version)
         body = await self._unpacked_body(exchange)
-        return await _coded(functools.partial(
+        request = await _coded(functools.partial(
             generate.decode_generate_request, body, model, version,
             max_input_size=self.max_input_size), len(body))
+        tracer = self.service.tracer
+        if tracer.enabled:  # started once the request is decoded: nothing can fail before
+            request.trace = tracing.begin(tracer, model.name, exchange.request.headers,
+                                          tracing.HTTP_EVENTS)
+        return request
 
     async def _unpacked_body(self, exchange: HttpExchange) -> bytes:
         """The body, decompressed off the event loop unless it is small."""
@@ -395,6 +427,8 @@ ROUTES: tuple[tuple[str, str, Endpoint], ...] = (
     ("POST", "/v2/logging", HttpApi.log_settings),
     ("GET", "/v2/trace/setting", HttpApi.trace_settings),
     ("POST", "/v2/trace/setting", HttpApi.trace_settings),
+    ("GET", "/v2/models/{model}/trace/setting", HttpApi.trace_settings),
+    ("POST", "/v2/models/{model}/trace/setting", HttpApi.trace_settings),
     *(("GET", f"/v2/{kind}sharedmemory{region}/status", status)
       for kind, status in (("system", shm.system_status), ("cuda", shm.cuda_status))
       for region in ("", "/region/{model}")),
