@@ -9,7 +9,6 @@ import json
 import queue
 import secrets
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +116,194 @@ def test_plain_infer_is_triton_span_tree(server: TritiumProcess, receiver: OtlpR
         "triton.request_id": "plain-1"}
     assert root.start_ns <= model.start_ns <= compute.start_ns <= compute.end_ns <= root.end_ns
     assert root.resource["service.name"] == "tritium-under-test"
+
+
+def test_grpc_traceparent_from_metadata(server: TritiumProcess, receiver: OtlpReceiver
+                                        ) -> None:
+    header, trace_id, parent = traceparent()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.infer("identity_fp32", [fp32_input(grpcclient, [3.0])],
+                 headers={"traceparent": header})
+    spans = receiver.trace(trace_id, 3)
+    root = one(spans, "InferRequest")
+    assert root.parent_id == parent
+    assert root.events == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START",
+                           "GRPC_SEND_END"]
+    assert one(spans, "identity_fp32").parent_id == root.span_id
+
+
+def test_openai_traceparent(server: TritiumProcess, receiver: OtlpReceiver) -> None:
+    header, trace_id, parent = traceparent()
+    reply = requests.post(f"http://{server.http_url}/v1/completions",
+                          json={"model": "text_echo", "prompt": "hi"},
+                          headers={"traceparent": header}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    spans = receiver.trace(trace_id, 3)
+    root = one(spans, "InferRequest")
+    assert root.parent_id == parent
+    assert one(spans, "text_echo").parent_id == root.span_id
+    assert one(spans, "compute").events == COMPUTE_EVENTS
+
+
+def test_decoupled_stream_spans(server: TritiumProcess, receiver: OtlpReceiver) -> None:
+    header, trace_id, _ = traceparent()
+    responses: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(lambda result, error: responses.put((result, error)),
+                        headers={"traceparent": header})
+    count = grpcclient.InferInput("INPUT0", [1], "INT32")
+    count.set_data_from_numpy(np.array([3], dtype=np.int32))
+    client.async_stream_infer("repeat", [count], request_id="stream-1")
+    got = [responses.get(timeout=30) for _ in range(3)]
+    client.stop_stream()
+    assert all(error is None for _, error in got)
+    spans = receiver.trace(trace_id, 3)
+    root, model, compute = (one(spans, name) for name in ("InferRequest", "repeat", "compute"))
+    assert model.parent_id == root.span_id and compute.parent_id == model.span_id
+    assert model.events == MODEL_EVENTS and compute.events == COMPUTE_EVENTS
+    # The model span lasts until FINAL, after execute() returned from starting its thread.
+    assert model.end_ns >= compute.end_ns
+
+
+def test_bls_child_nests_under_compute(server: TritiumProcess, receiver: OtlpReceiver) -> None:
+    header, trace_id, _ = traceparent()
+    client = httpclient.InferenceServerClient(server.http_url)
+    result = client.infer("traced_bls", [fp32_input(httpclient, [5.0])],
+                          headers={"traceparent": header})
+    spans = receiver.trace(trace_id, 5)
+    parent, child = one(spans, "traced_bls"), one(spans, "identity_fp32")
+    parent_compute, child_compute = sorted(named(spans, "compute"), key=lambda s: s.start_ns)
+    assert parent_compute.parent_id == parent.span_id
+    assert child.parent_id == parent_compute.span_id
+    assert child_compute.parent_id == child.span_id
+    assert child.attributes["triton.trace_parent_id"] == parent.attributes["triton.trace_id"]
+    # get_context(): the W3C context of the executing request's span.
+    context = json.loads(result.as_numpy("CONTEXT")[0])
+    assert context == {"traceparent": f"00-{trace_id}-{parent.span_id}-01"}
+
+
+def test_ensemble_steps_are_children(server: TritiumProcess, receiver: OtlpReceiver) -> None:
+    header, trace_id, _ = traceparent()
+    client = httpclient.InferenceServerClient(server.http_url)
+    ensemble_input = httpclient.InferInput("IN", [2], "FP32")
+    ensemble_input.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+    result = client.infer("pipeline", [ensemble_input], headers={"traceparent": header})
+    assert result.as_numpy("OUT").tolist() == [1.0, 2.0]
+    spans = receiver.trace(trace_id, 6)
+    root, ensemble = one(spans, "InferRequest"), one(spans, "pipeline")
+    assert ensemble.parent_id == root.span_id
+    steps = [one(spans, "identity_fp32"), one(spans, "second")]
+    assert all(step.parent_id == ensemble.span_id for step in steps)
+    computes = named(spans, "compute")
+    assert sorted(c.parent_id for c in computes) == sorted(s.span_id for s in steps)
+    ensemble_id = ensemble.attributes["triton.trace_id"]
+    assert all(s.attributes["triton.trace_parent_id"] == ensemble_id for s in steps)
+
+
+def test_cancelled_request_spans_say_so(server: TritiumProcess, receiver: OtlpReceiver) -> None:
+    header, trace_id, _ = traceparent()
+    responses: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(lambda result, error: responses.put((result, error)),
+                        headers={"traceparent": header})
+    inputs = []
+    for name, kind, value in (("INPUT0", "INT32", 7), ("COUNT", "INT32", 1000),
+                              ("DELAY", "INT32", 20), ("IGNORE_CANCEL", "BOOL", False)):
+        tensor = grpcclient.InferInput(name, [1], kind)
+        tensor.set_data_from_numpy(np.array([value], dtype=np.bool_ if kind == "BOOL"
+                                            else np.int32))
+        inputs.append(tensor)
+    client.async_stream_infer("until_cancelled", inputs)
+    assert responses.get(timeout=30)[1] is None  # it is executing
+    client.stop_stream(cancel_requests=True)
+    spans = receiver.trace(trace_id, 3)
+    model, compute = one(spans, "until_cancelled"), one(spans, "compute")
+    assert "REQUEST_CANCELLED" in model.events
+    assert model.event_attributes["REQUEST_CANCELLED"] == {
+        "tritium.cancel.reason": "client cancelled", "tritium.cancel.stage": "executing"}
+    assert model.status == 2  # ERROR
+    # The model saw is_cancelled() and returned: when it stopped, and how long after.
+    assert compute.events[-2:] == ["MODEL_STOPPED", "COMPUTE_END"]
+    delay = compute.event_attributes["MODEL_STOPPED"]["tritium.cancel.stop_delay_us"]
+    assert 0 <= delay < 10_000_000
+
+
+def test_trace_settings_at_run_time(server: TritiumProcess, receiver: OtlpReceiver) -> None:
+    base = f"http://{server.http_url}/v2"
+    settings = requests.get(f"{base}/trace/setting", timeout=10).json()
+    assert settings == {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
+                        "trace_mode": "opentelemetry", "url": receiver.url,
+                        "resource": "service.name=tritium-under-test",
+                        "bsp_schedule_delay": "50"}
+    # One model traced every 2nd request, for 1 more trace; the others as before.
+    model = requests.post(f"{base}/models/second/trace/setting", timeout=10,
+                          json={"trace_rate": "2", "trace_count": "1"}).json()
+    assert (model["trace_rate"], model["trace_count"]) == ("2", "1")
+    assert requests.get(f"{base}/trace/setting", timeout=10).json()["trace_rate"] == "1"
+    client = httpclient.InferenceServerClient(server.http_url)
+    for index in range(5):
+        client.infer("second", [fp32_input(httpclient, [1.0])], request_id=f"rated-{index}")
+    traced = receiver.wait_for(
+        lambda spans: any(s.attributes.get("triton.request_id") == "rated-1" for s in spans))
+    ids = {s.attributes.get("triton.request_id") for s in traced}
+    assert "rated-1" in ids and not ids & {"rated-0", "rated-2", "rated-3", "rated-4"}
+    got = requests.get(f"{base}/models/second/trace/setting", timeout=10).json()
+    assert got["trace_count"] == "0"
+    # Null clears the model's own settings: it falls back to the global ones.
+    cleared = requests.post(f"{base}/models/second/trace/setting", timeout=10,
+                            json={"trace_rate": None, "trace_count": None}).json()
+    assert (cleared["trace_rate"], cleared["trace_count"]) == ("1", "-1")
+    refused = requests.post(f"{base}/trace/setting", json={"trace_file": "/tmp/x"}, timeout=10)
+    assert refused.status_code != 200 and "can not be updated" in refused.json()["error"]
+    # gRPC TraceSetting reads and changes the same settings.
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    off = grpc.update_trace_settings(settings={"trace_level": ["OFF"]}, as_json=True)
+    assert off["settings"]["trace_level"]["value"] == ["OFF"]
+    client.infer("second", [fp32_input(httpclient, [1.0])], request_id="while-off")
+    back = grpc.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}, as_json=True)
+    assert back["settings"]["trace_level"]["value"] == ["TIMESTAMPS"]
+    client.infer("second", [fp32_input(httpclient, [1.0])], request_id="back-on")
+    spans = receiver.wait_for(
+        lambda got: any(s.attributes.get("triton.request_id") == "back-on" for s in got))
+    assert not any(s.attributes.get("triton.request_id") == "while-off" for s in spans)
+
+
+def test_trace_file_mode(tmp_path: Path) -> None:
+    repo = build_trace_repository(tmp_path / "repo")
+    trace_file = tmp_path / "trace.json"
+    server = TritiumProcess(repo, "--trace-config", f"triton,file={trace_file}",
+                            "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1")
+    server.start()
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        client.infer("traced_bls", [fp32_input(httpclient, [2.0])], request_id="file-1")
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        assert grpc.get_trace_settings(as_json=True)["settings"]["trace_file"]["value"] == [
+            str(trace_file)]
+    finally:
+        assert server.stop() == 0
+    records = json.loads(trace_file.read_text())
+    headers = [r for r in records if "model_name" in r]
+    parent = next(r for r in headers if r["model_name"] == "traced_bls")
+    child = next(r for r in headers if r["model_name"] == "identity_fp32")
+    assert parent == {"id": parent["id"], "model_name": "traced_bls", "model_version": 1,
+                      "request_id": "file-1"}
+    assert child == {"id": child["id"], "model_name": "identity_fp32", "model_version": 1,
+                     "parent_id": parent["id"]}
+
+    def names(trace_id: int) -> list[str]:
+        return [r["timestamps"][0]["name"] for r in records
+                if r["id"] == trace_id and "timestamps" in r]
+
+    # The frontend's timestamps share the top-level request's id, as in Triton.
+    assert names(parent["id"]) == [
+        "HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
+        "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END",
+        "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert names(child["id"]) == ["REQUEST_START", "QUEUE_START", *COMPUTE_EVENTS,
+                                  "REQUEST_END"]
+    stamps = [r["timestamps"][0]["ns"] for r in records if r["id"] == parent["id"]
+              and "timestamps" in r]
+    assert stamps[0] <= stamps[4] <= stamps[7] <= stamps[-1]
+
+

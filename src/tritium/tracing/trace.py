@@ -116,14 +116,16 @@ class ModelTrace:
         compute = self.compute
         if compute is None:
             return
+        if name != COMPUTE_END:
+            sink.event(self, compute, name, ns)
+            return
+        self.compute = None
+        if self._cancelled_ns:  # the model returned from a request cancelled meanwhile
+            sink.event(self, compute, STOPPED_EVENT, ns,
+                       {STOP_DELAY: max(ns - self._cancelled_ns, 0) // 1000})
         sink.event(self, compute, name, ns)
-        if name == COMPUTE_END:
-            self.compute = None
-            if self._cancelled_ns:
-                sink.event(self, compute, STOPPED_EVENT, ns,
-                           {STOP_DELAY: max(ns - self._cancelled_ns, 0) // 1000})
-            sink.end(compute, ns)
-            self.root.closed()
+        sink.end(compute, ns)
+        self.root.closed()
 
     def spawn(self, model_name: str, model_version: int, request_id: str, ns: int
               ) -> ModelTrace:
