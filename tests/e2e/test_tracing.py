@@ -60,11 +60,12 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver
-           ) -> Iterator[TritiumProcess]:
-    repo = build_trace_repository(tmp_path_factory.mktemp("trace_repo"))
+def server(tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver,
+           instance_kind: str) -> Iterator[TritiumProcess]:
+    repo = build_trace_repository(tmp_path_factory.mktemp(f"trace_repo_{instance_kind}"))
     proc = TritiumProcess(
-        repo, "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+        repo, "--python-instance-kind", instance_kind,
+        "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
         "--trace-config", "rate=1", "--trace-config", f"opentelemetry,url={receiver.url}",
         "--trace-config", "opentelemetry,bsp_schedule_delay=50",
         "--trace-config", "opentelemetry,resource=service.name=tritium-under-test",
@@ -230,6 +231,7 @@ def test_cancelled_request_spans_say_so(server: TritiumProcess, receiver: OtlpRe
 
 def test_trace_settings_at_run_time(server: TritiumProcess, receiver: OtlpReceiver) -> None:
     base = f"http://{server.http_url}/v2"
+    tag = f"{server.pid}-"  # the receiver outlives this server: its spans are told apart
     settings = requests.get(f"{base}/trace/setting", timeout=10).json()
     assert settings == {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
                         "trace_mode": "opentelemetry", "url": receiver.url,
@@ -242,11 +244,12 @@ def test_trace_settings_at_run_time(server: TritiumProcess, receiver: OtlpReceiv
     assert requests.get(f"{base}/trace/setting", timeout=10).json()["trace_rate"] == "1"
     client = httpclient.InferenceServerClient(server.http_url)
     for index in range(5):
-        client.infer("second", [fp32_input(httpclient, [1.0])], request_id=f"rated-{index}")
+        client.infer("second", [fp32_input(httpclient, [1.0])], request_id=f"{tag}rated-{index}")
     traced = receiver.wait_for(
-        lambda spans: any(s.attributes.get("triton.request_id") == "rated-1" for s in spans))
+        lambda spans: any(s.attributes.get("triton.request_id") == f"{tag}rated-1" for s in spans))
     ids = {s.attributes.get("triton.request_id") for s in traced}
-    assert "rated-1" in ids and not ids & {"rated-0", "rated-2", "rated-3", "rated-4"}
+    assert f"{tag}rated-1" in ids
+    assert not ids & {f"{tag}rated-{index}" for index in (0, 2, 3, 4)}
     got = requests.get(f"{base}/models/second/trace/setting", timeout=10).json()
     assert got["trace_count"] == "0"
     # Null clears the model's own settings: it falls back to the global ones.
@@ -259,13 +262,13 @@ def test_trace_settings_at_run_time(server: TritiumProcess, receiver: OtlpReceiv
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     off = grpc.update_trace_settings(settings={"trace_level": ["OFF"]}, as_json=True)
     assert off["settings"]["trace_level"]["value"] == ["OFF"]
-    client.infer("second", [fp32_input(httpclient, [1.0])], request_id="while-off")
+    client.infer("second", [fp32_input(httpclient, [1.0])], request_id=f"{tag}while-off")
     back = grpc.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}, as_json=True)
     assert back["settings"]["trace_level"]["value"] == ["TIMESTAMPS"]
-    client.infer("second", [fp32_input(httpclient, [1.0])], request_id="back-on")
+    client.infer("second", [fp32_input(httpclient, [1.0])], request_id=f"{tag}back-on")
     spans = receiver.wait_for(
-        lambda got: any(s.attributes.get("triton.request_id") == "back-on" for s in got))
-    assert not any(s.attributes.get("triton.request_id") == "while-off" for s in spans)
+        lambda got: any(s.attributes.get("triton.request_id") == f"{tag}back-on" for s in got))
+    assert not any(s.attributes.get("triton.request_id") == f"{tag}while-off" for s in spans)
 
 
 def test_trace_file_mode(tmp_path: Path) -> None:
