@@ -220,10 +220,11 @@ class InferenceService:
         stream = ResponseStream(self.loop, None if internal else cancellation,
                                 model.served_by)
         admitted = AdmittedRequest(request, cancellation, stream, batch_size)
-        trace = request.trace
-        if trace is not None:
-            trace = request.trace = _start_trace(trace, model, request.id, admitted.arrival_ns)
-        model.enqueue(admitted)
+        if request.trace is None:
+            trace = None
+            model.enqueue(admitted)
+        else:
+            trace = _traced_enqueue(model, admitted)
 
         def on_cancel(cancelled: Cancellation) -> None:
             assert cancelled.reason is not None
@@ -302,10 +303,18 @@ class InferenceService:
             stream, response, messages.GENERATE_ONE_RESPONSE)
 
 
-def _start_trace(parent: Any, model: ModelHandle, request_id: str, start_ns: int) -> Any:
-    """The admitted request's own trace, a child of what it was traced under."""
-    trace = parent.spawn(model.name, model.version, request_id, start_ns)
+def _traced_enqueue(model: ModelHandle, admitted: AdmittedRequest) -> Any:
+    """Enqueue a traced request: it gets a trace of its own, a child of what it was traced
+    under (its REQUEST_START when it arrived), which it returns."""
+    request = admitted.request
+    trace = request.trace = request.trace.spawn(model.name, model.version, request.id,
+                                                admitted.arrival_ns)
     trace.event(QUEUE_START, time.monotonic_ns())
+    try:
+        model.enqueue(admitted)
+    except TritiumError as refused:
+        trace.end(refused.message, time.monotonic_ns())  # nothing else will end its span
+        raise
     return trace
 
 
