@@ -134,3 +134,25 @@ def test_cli_takes_trace_config() -> None:
     assert config.trace.mode == "opentelemetry" and config.trace.tracing
     with pytest.raises(SystemExit):
         parse_config(["serve", "--trace-config", "speed=3"])
+
+
+def test_opentelemetry_resource_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritium.tracing.otel import provider_for
+
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test,team=ml")
+    provider = provider_for(flags("mode=opentelemetry", "opentelemetry,resource=team=infra",
+                                  "opentelemetry,url=http://127.0.0.1:9/v1/traces"))
+    try:
+        attributes = provider.resource.attributes
+        # Triton's default service name; the variable's attributes; the flag wins over it.
+        assert attributes["service.name"] == "triton-inference-server"
+        assert attributes["deployment.environment"] == "test"
+        assert attributes["team"] == "infra"
+    finally:
+        provider.shutdown()
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    provider = provider_for(flags("mode=opentelemetry"))
+    try:
+        assert provider.resource.attributes["service.name"] == "from-env"
+    finally:
+        provider.shutdown()
