@@ -166,6 +166,17 @@ def test_decoupled_stream_spans(server: TritiumProcess, receiver: OtlpReceiver) 
     assert model.end_ns >= compute.end_ns
 
 
+def test_generate_stream_traceparent(server: TritiumProcess, receiver: OtlpReceiver) -> None:
+    header, trace_id, parent = traceparent()
+    reply = requests.post(f"http://{server.http_url}/v2/models/repeat/generate_stream",
+                          json={"INPUT0": 2}, headers={"traceparent": header}, timeout=30)
+    assert reply.status_code == 200 and reply.text.count("data:") == 2, reply.text
+    spans = receiver.trace(trace_id, 3)
+    root = one(spans, "InferRequest")
+    assert root.parent_id == parent and root.events[-1] == "HTTP_SEND_END"
+    assert one(spans, "repeat").parent_id == root.span_id
+
+
 def test_bls_child_nests_under_compute(server: TritiumProcess, receiver: OtlpReceiver) -> None:
     header, trace_id, _ = traceparent()
     client = httpclient.InferenceServerClient(server.http_url)
