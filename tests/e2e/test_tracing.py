@@ -234,7 +234,10 @@ def test_cancelled_request_spans_say_so(server: TritiumProcess, receiver: OtlpRe
     assert model.event_attributes["REQUEST_CANCELLED"] == {
         "tritium.cancel.reason": "client cancelled", "tritium.cancel.stage": "executing"}
     assert model.status == 2  # ERROR
-    # The model saw is_cancelled() and returned: when it stopped, and how long after.
+    # The model saw is_cancelled(), sent FINAL and returned: when it stopped, and how long
+    # after the cancel; the model span lasts until then.
+    assert model.events[-1] == "MODEL_STOPPED"
+    assert model.event_attributes["MODEL_STOPPED"]["tritium.cancel.stop_delay_us"] >= 0
     assert compute.events[-2:] == ["MODEL_STOPPED", "COMPUTE_END"]
     delay = compute.event_attributes["MODEL_STOPPED"]["tritium.cancel.stop_delay_us"]
     assert 0 <= delay < 10_000_000
@@ -321,3 +324,20 @@ def test_trace_file_mode(tmp_path: Path) -> None:
     assert stamps[0] <= stamps[4] <= stamps[7] <= stamps[-1]
 
 
+
+
+def test_client_leaving_a_stream_shows_when_the_model_stopped(
+        server: TritiumProcess, receiver: OtlpReceiver) -> None:
+    header, trace_id, _ = traceparent()
+    with requests.post(f"http://{server.http_url}/v2/models/repeat/generate_stream",
+                       json={"INPUT0": 1000, "DELAY": 20.0}, headers={"traceparent": header},
+                       stream=True, timeout=30) as reply:
+        assert next(reply.iter_lines()).startswith(b"data:")
+    # The connection is closed: the model (a thread sending every 20 ms) sees is_cancelled()
+    # and sends FINAL, which ends its span.
+    spans = receiver.trace(trace_id, 3)
+    model = one(spans, "repeat")
+    assert model.event_attributes["REQUEST_CANCELLED"] == {
+        "tritium.cancel.reason": "client disconnected", "tritium.cancel.stage": "executing"}
+    assert model.events[-2:] == ["REQUEST_END", "MODEL_STOPPED"]
+    assert model.event_attributes["MODEL_STOPPED"]["tritium.cancel.stop_delay_us"] < 10_000_000

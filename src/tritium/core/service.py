@@ -315,6 +315,16 @@ def _traced_enqueue(model: ModelHandle, admitted: AdmittedRequest) -> Any:
     except TritiumError as refused:
         trace.end(refused.message, time.monotonic_ns())  # nothing else will end its span
         raise
+    stream = admitted.stream
+    late = stream.on_late_final
+    if late is not None:  # decoupled: a FINAL after a cancel is when the model stopped
+        trace.expect_stop()
+
+        def stopped() -> None:
+            trace.stopped(time.monotonic_ns())
+            late()
+
+        stream.on_late_final = stopped
     return trace
 
 

@@ -47,6 +47,12 @@ class RequestTrace(Protocol):
     def end(self, error: str | None, ns: int) -> None:
         """REQUEST_END: the request's final response was sent (``error``: its failure)."""
 
+    def expect_stop(self) -> None:
+        """The model is decoupled: after a cancel, ``stopped`` says when it stopped."""
+
+    def stopped(self, ns: int) -> None:
+        """The decoupled model sent its FINAL after the request was cancelled."""
+
     def context(self) -> str | None:
         """W3C trace context of the model span as JSON (pb_utils ``get_context()``), or
         None where the mode has none."""

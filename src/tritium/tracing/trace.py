@@ -88,8 +88,8 @@ class RootTrace:
 class ModelTrace:
     """One request to one model (``core.tracing.RequestTrace``)."""
 
-    __slots__ = ("_cancelled_ns", "compute", "id", "model_name", "model_version",
-                 "parent_id", "request_id", "root", "span")
+    __slots__ = ("_cancelled_ns", "_pending_end", "_stop_expected", "compute", "id",
+                 "model_name", "model_version", "parent_id", "request_id", "root", "span")
 
     def __init__(self, root: RootTrace, trace_id: int, parent_id: int, parent_span: Any,
                  model_name: str, model_version: int, request_id: str, ns: int):
@@ -101,6 +101,8 @@ class ModelTrace:
         self.request_id = request_id
         self.compute: Any = None
         self._cancelled_ns = 0
+        self._stop_expected = False  # decoupled: the model says when it stopped (FINAL)
+        self._pending_end: tuple[str | None, int] | None = None
         root.opened()
         self.span = root.sink.start_model(self, parent_span, ns)
         root.sink.event(self, self.span, REQUEST_START, ns)
@@ -136,12 +138,35 @@ class ModelTrace:
 
     def cancelled(self, reason: str, stage: str, ns: int) -> None:
         self._cancelled_ns = ns
+        if stage != "executing":  # the model never got it: no FINAL will come
+            self._stop_expected = False
         self.root.sink.event(self, self.span, CANCEL_EVENT, ns,
                              {CANCEL_REASON: reason, CANCEL_STAGE: stage})
+
+    def expect_stop(self) -> None:
+        """The model is decoupled: after a cancel, its FINAL (``stopped``) ends the span."""
+        self._stop_expected = True
+
+    def stopped(self, ns: int) -> None:
+        """A decoupled model sent FINAL for this request after it was cancelled."""
+        if not self._cancelled_ns:
+            return
+        sink = self.root.sink
+        sink.event(self, self.span, STOPPED_EVENT, ns,
+                   {STOP_DELAY: max(ns - self._cancelled_ns, 0) // 1000})
+        self._stop_expected = False  # an ``end`` still to come ends the span at once
+        pending, self._pending_end = self._pending_end, None
+        if pending is not None:
+            sink.end(self.span, ns, pending[0])
+            self.root.closed()
 
     def end(self, error: str | None, ns: int) -> None:
         sink = self.root.sink
         sink.event(self, self.span, REQUEST_END, ns)
+        if self._cancelled_ns and self._stop_expected:
+            # The client was answered; the span lasts until the model stops.
+            self._pending_end = (error, ns)
+            return
         sink.end(self.span, ns, error)
         self.root.closed()
 
