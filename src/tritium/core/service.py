@@ -24,7 +24,7 @@ from tritium.core.names import check_model_name
 from tritium.core.request import AdmittedRequest, InferenceRequest, RequestStage
 from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.statistics import ModelStatistics
-from tritium.core.tracing import QUEUE_START, NoTracer, Tracer
+from tritium.core.tracing import QUEUE_START, TENSOR_QUEUE_INPUT, NoTracer, Tracer
 from tritium.core.validation import validate_request
 
 
@@ -310,6 +310,7 @@ def _traced_enqueue(model: ModelHandle, admitted: AdmittedRequest) -> Any:
     trace = request.trace = request.trace.spawn(model.name, model.version, request.id,
                                                 admitted.arrival_ns)
     trace.event(QUEUE_START, time.monotonic_ns())
+    trace.tensors(TENSOR_QUEUE_INPUT, request.inputs.values())
     try:
         model.enqueue(admitted)
     except TritiumError as refused:

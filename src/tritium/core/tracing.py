@@ -11,10 +11,11 @@ OpenTelemetry mode shifts them to the wall clock once, when it exports.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tritium.core.logging_settings import TraceSettings, TraceValue
+from tritium.core.types import Tensor
 
 if TYPE_CHECKING:
     from tritium.core.request import AdmittedRequest
@@ -27,6 +28,8 @@ COMPUTE_INPUT_END = "COMPUTE_INPUT_END"
 COMPUTE_OUTPUT_START = "COMPUTE_OUTPUT_START"
 COMPUTE_END = "COMPUTE_END"
 REQUEST_END = "REQUEST_END"
+TENSOR_QUEUE_INPUT = "TENSOR_QUEUE_INPUT"
+TENSOR_BACKEND_OUTPUT = "TENSOR_BACKEND_OUTPUT"
 
 
 class RequestTrace(Protocol):
@@ -56,6 +59,10 @@ class RequestTrace(Protocol):
     def context(self) -> str | None:
         """W3C trace context of the model span as JSON (pb_utils ``get_context()``), or
         None where the mode has none."""
+
+    def tensors(self, activity: str, tensors: Iterable[Tensor]) -> None:
+        """Level TENSORS: the request's tensors at ``activity`` (TENSOR_QUEUE_INPUT,
+        TENSOR_BACKEND_OUTPUT); nothing at other levels."""
 
 
 class FrontendTrace(Protocol):

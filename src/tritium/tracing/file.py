@@ -5,7 +5,9 @@ Its shape is Triton's: one JSON array of records, for each request to a model fi
 ``{"id", "timestamps": [{"name", "ns"}]}`` per activity (steady-clock nanoseconds). A trace
 tree is written once all of it has ended. With ``log-frequency`` N > 0 every N trees go to
 ``<file>.<index>`` (each a complete array), as Triton does; with 0, all go to the file.
-Cancellations add Triton's timestamp records and one ``{"id", "cancel": {...}}`` record.
+Level TENSORS adds Triton's ``{"id", "activity", "tensor": {"name", "data", "shape",
+"dtype"}}`` records (TENSOR_QUEUE_INPUT, TENSOR_BACKEND_OUTPUT). Cancellations add
+timestamp records and one ``{"id", "cancel": {...}}`` record.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from tritium.core.types import Tensor
 from tritium.tracing.trace import ModelTrace, RootTrace
 
 log = logging.getLogger("tritium.tracing")
@@ -113,8 +116,23 @@ class FileSink:
     def context(self, span: Any) -> str | None:
         return None
 
+    def tensor(self, trace: ModelTrace, activity: str, tensor: Tensor) -> None:
+        trace.root.records.append({"id": trace.id, "activity": activity, "tensor": {
+            "name": tensor.name, "data": _data(tensor),
+            "shape": ",".join(map(str, tensor.shape)), "dtype": tensor.datatype.wire}})
+
     def close(self) -> None:
         self.file.close()
+
+
+def _data(tensor: Tensor) -> str:
+    """The elements as Triton writes them: comma-separated, BYTES each in quotes."""
+    values = tensor.data.reshape(-1)
+    if tensor.datatype.wire == "BYTES":
+        return ",".join('"' + bytes(v).decode("utf-8", "replace") + '"' for v in values)
+    if tensor.datatype.wire == "BOOL":
+        return ",".join("1" if v else "0" for v in values)
+    return ",".join(str(v) for v in values.tolist())
 
 
 def _plain(attributes: dict[str, Any]) -> dict[str, Any]:

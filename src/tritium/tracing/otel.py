@@ -111,6 +111,9 @@ class OtelSink:
         parent = f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.trace_flags:02x}"
         return orjson.dumps({"traceparent": parent}).decode()
 
+    def tensor(self, trace: ModelTrace, activity: str, tensor: Any) -> None:
+        pass  # as in Triton, the OpenTelemetry mode records no tensors
+
     def close(self) -> None:
         """Export what is queued and stop (blocking: call off the event loop)."""
         self.provider.shutdown()

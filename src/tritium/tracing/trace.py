@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from tritium.core.tracing import COMPUTE_END, COMPUTE_START, REQUEST_END, REQUEST_START
+from tritium.core.types import Tensor
 
 # Trace ids are the server's, as Triton numbers its traces: 1, 2, ... (next() on a count
 # is atomic under the GIL, so threads may take them too).
@@ -45,12 +47,30 @@ class Sink(Protocol):
 
     def context(self, span: Any) -> str | None: ...
 
+    def tensor(self, trace: ModelTrace, activity: str, tensor: Tensor) -> None:
+        """Level TENSORS: one of the request's tensors at ``activity``."""
+
+
+class WithoutTimestamps:
+    """A sink for level TENSORS alone: spans and tensors, no timestamps."""
+
+    def __init__(self, sink: Sink):
+        self._sink = sink
+
+    def event(self, trace: ModelTrace | RootTrace, span: Any, name: str, ns: int,
+              attributes: dict[str, Any] | None = None) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink, name)
+
 
 class RootTrace:
     """The frontend's trace of a client's request (``core.tracing.FrontendTrace``)."""
 
-    def __init__(self, sink: Sink, ns: int, context: Any = None):
+    def __init__(self, sink: Sink, ns: int, context: Any = None, tensors: bool = False):
         self.sink = sink
+        self.tensors = tensors  # level TENSORS: record the requests' tensors
         self.id = next(_ids)
         self.parent_context = context  # a W3C context the request carried, or None
         self.records: list[Any] = []  # the sink's, for modes that write whole trees
@@ -172,3 +192,8 @@ class ModelTrace:
 
     def context(self) -> str | None:
         return self.root.sink.context(self.span)
+
+    def tensors(self, activity: str, tensors: Iterable[Tensor]) -> None:
+        if self.root.tensors:
+            for tensor in tensors:
+                self.root.sink.tensor(self, activity, tensor)

@@ -12,7 +12,7 @@ from tritium.core.logging_settings import TraceValue
 from tritium.tracing.control import TraceControl
 from tritium.tracing.file import FileSink, TraceFile
 from tritium.tracing.settings import TraceSettings
-from tritium.tracing.trace import RootTrace
+from tritium.tracing.trace import RootTrace, WithoutTimestamps
 
 log = logging.getLogger("tritium.tracing")
 
@@ -34,12 +34,16 @@ class ServerTracer:
         if carrier is not None and self.startup.mode == "opentelemetry" \
                 and "traceparent" in carrier:
             context = self._otel_module().extract(carrier)
-        if not self.control.sampler(model_name).sample(context is not None):
+        sampler = self.control.sampler(model_name)
+        if not sampler.sample(context is not None):
             return None
         sink = self._sink or self._open_sink()
         if sink is None:
             return None
-        return RootTrace(sink, time.monotonic_ns(), context)
+        level = sampler.settings.level
+        if "TIMESTAMPS" not in level:
+            sink = WithoutTimestamps(sink)
+        return RootTrace(sink, time.monotonic_ns(), context, tensors="TENSORS" in level)
 
     def settings(self, model_name: str | None) -> dict[str, TraceValue]:
         return self.control.current(model_name)

@@ -26,6 +26,7 @@ from tritium.core.tracing import (
     COMPUTE_INPUT_END,
     COMPUTE_OUTPUT_START,
     COMPUTE_START,
+    TENSOR_BACKEND_OUTPUT,
     RequestTrace,
     record,
     traces_of,
@@ -104,6 +105,7 @@ class PythonBackend:
         if type(result) is not list and inspect.iscoroutine(result):
             return self._complete_async(requests, received, result, traces)
         record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
+        _trace_outputs(requests, result)
         self._deliver(received, result)
         record(traces, COMPUTE_END, time.monotonic_ns())
         return None
@@ -145,6 +147,7 @@ class PythonBackend:
             self._deliver(received, result)
             return
         record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
+        _trace_outputs(requests, result)
         self._deliver(received, result)
         record(traces, COMPUTE_END, time.monotonic_ns())
 
@@ -241,3 +244,14 @@ def _returned_problem(received: list[ReceivedRequest], result: Any) -> str | Non
             except TritonModelException as exc:
                 return str(exc)
     return None
+
+
+def _trace_outputs(requests: list[AdmittedRequest], result: Any) -> None:
+    """Level TENSORS: the outputs ``execute`` returned, each with its request's trace (a
+    decoupled model's, sent through its response sender, are not recorded)."""
+    if type(result) is not list or len(result) != len(requests):
+        return
+    for admitted, response in zip(requests, result, strict=True):
+        trace = admitted.request.trace
+        if trace is not None and isinstance(response, InferenceResponse):
+            trace.tensors(TENSOR_BACKEND_OUTPUT, [t._core for t in response.output_tensors()])

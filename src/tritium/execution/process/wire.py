@@ -87,6 +87,9 @@ class TraceRef:
     def event(self, name: str, ns: int) -> None:
         pass
 
+    def tensors(self, activity: str, tensors: Any) -> None:
+        pass
+
     def context(self) -> str | None:
         return self._context or None
 
