@@ -278,6 +278,11 @@ def test_trace_settings_at_run_time(server: TritiumProcess, receiver: OtlpReceiv
     off = grpc.update_trace_settings(settings={"trace_level": ["OFF"]}, as_json=True)
     assert off["settings"]["trace_level"]["value"] == ["OFF"]
     client.infer("second", [fp32_input(httpclient, [1.0])], request_id=f"{tag}while-off")
+    per_model = grpc.update_trace_settings(model_name="second", settings={"trace_rate": "7"},
+                                           as_json=True)
+    assert per_model["settings"]["trace_rate"]["value"] == ["7"]
+    assert grpc.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1"]
+    grpc.update_trace_settings(model_name="second", settings={"trace_rate": None})
     back = grpc.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}, as_json=True)
     assert back["settings"]["trace_level"]["value"] == ["TIMESTAMPS"]
     client.infer("second", [fp32_input(httpclient, [1.0])], request_id=f"{tag}back-on")
