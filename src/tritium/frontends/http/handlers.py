@@ -150,62 +150,72 @@ class HttpApi:
             respond_json(exchange, 200, self.service.trace_settings(model))
 
     # -- inference ---------------------------------------------------------------
-    async def infer(self, exchange: HttpExchange, match: Match) -> None:
+    async def infer(self, exchange: HttpExchange, match: Match,
+                    trace: tracing.FrontendTrace | None = None, sampled: bool = False) -> None:
+        if not sampled and self.service.tracer.enabled:
+            await self._traced(self.infer, exchange, match)
+            return
         name = match.model if match.model is not None else _model(match)
         version = parse_version(match.version) if match.version else None
         # Before any of the body is looked at: a request for a model that cannot serve it
         # costs nothing, however big.
         model = self.service.model(name, version)
         headers = exchange.request.headers
-        tracer = self.service.tracer
-        trace = tracing.begin(tracer, model.name, headers, tracing.HTTP_EVENTS) \
-            if tracer.enabled else None
+        if "content-encoding" in headers:
+            body = await self._unpacked_body(exchange)
+            resolved = None  # awaited: the repository may have changed since
+        else:
+            body = exchange.request.body
+            resolved = model
+        size = len(body)
+        header_text = headers.get("inference-header-content-length")
+        header_length = None if header_text is None else _header_length(header_text, size)
+        if size > offload.INLINE_BYTES:
+            request = await offload.run(self._decode_infer, body, header_length, model, version)
+            resolved = None
+        elif header_length != 0:  # the usual request, decoded here and now
+            request = codec.decode_infer_request(
+                body, header_length, model.name, version, max_input_size=self.max_input_size,
+                model=model, shared_memory=self.shared_memory)
+        else:
+            request = self._decode_infer(body, header_length, model, version)
+        request.trace = trace
+        if self.header_forward is not None:
+            self.header_forward.apply(request, headers)
         try:
-            if "content-encoding" in headers:
-                body = await self._unpacked_body(exchange)
-                resolved = None  # awaited: the repository may have changed since
-            else:
-                body = exchange.request.body
-                resolved = model
-            size = len(body)
-            header_text = headers.get("inference-header-content-length")
-            header_length = None if header_text is None else _header_length(header_text, size)
-            if size > offload.INLINE_BYTES:
-                request = await offload.run(self._decode_infer, body, header_length, model, version)
-                resolved = None
-            elif header_length != 0:  # the usual request, decoded here and now
-                request = codec.decode_infer_request(
-                    body, header_length, model.name, version, max_input_size=self.max_input_size,
-                    model=model, shared_memory=self.shared_memory)
-            else:
-                request = self._decode_infer(body, header_length, model, version)
-            request.trace = trace
-            if self.header_forward is not None:
-                self.header_forward.apply(request, headers)
-            try:
-                # ``resolved``: no await since the model was looked up, so it is still the one.
-                response = await self.service.infer(request, exchange.cancellation, resolved)
-            except TritiumError:
-                if exchange.disconnected:
-                    return
-                raise
-            if trace is not None:
-                tracing.sending(trace, tracing.HTTP_EVENTS)
-            accept = headers.get("accept-encoding")
-            if not offload.heavy_response(response):
-                out_headers, parts = codec.encode_infer_response(response, request)
-                if accept is not None:
-                    out_headers, parts = _compressed(out_headers, parts, accept)
-                exchange.respond(200, out_headers, parts)
+            # ``resolved``: no await since the model was looked up, so it is still the one.
+            response = await self.service.infer(request, exchange.cancellation, resolved)
+        except TritiumError:
+            if exchange.disconnected:
                 return
-            out_headers, stream = await offload.run(codec.stream_infer_response, response, request)
-            if isinstance(stream, list):
-                exchange.respond(200, *await offload.run(_compressed, out_headers, stream, accept))
-            else:
-                await _send_pieces(exchange, out_headers, stream)
+            raise
+        if trace is not None:
+            tracing.sending(trace, tracing.HTTP_EVENTS)
+        accept = headers.get("accept-encoding")
+        if not offload.heavy_response(response):
+            out_headers, parts = codec.encode_infer_response(response, request)
+            if accept is not None:
+                out_headers, parts = _compressed(out_headers, parts, accept)
+            exchange.respond(200, out_headers, parts)
+            return
+        out_headers, stream = await offload.run(codec.stream_infer_response, response, request)
+        if isinstance(stream, list):
+            exchange.respond(200, *await offload.run(_compressed, out_headers, stream, accept))
+        else:
+            await _send_pieces(exchange, out_headers, stream)
+
+    async def _traced(self, endpoint: Callable[..., Awaitable[None]], exchange: HttpExchange,
+                      match: Match) -> None:
+        """``endpoint`` under a trace when the request is sampled (or carries a context)."""
+        trace = tracing.begin(self.service.tracer, match.model or "",
+                              exchange.request.headers, tracing.HTTP_EVENTS)
+        if trace is None:
+            await endpoint(exchange, match, None, True)
+            return
+        try:
+            await endpoint(exchange, match, trace, True)
         finally:
-            if trace is not None:
-                tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
+            tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
 
     def _decode_infer(self, body: bytes, header_length: int | None, model: ModelHandle,
                       version: int | None) -> InferenceRequest:
