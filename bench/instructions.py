@@ -9,6 +9,10 @@ of the server is counted (the event loop and the instance threads); the kernel's
 (system calls, wake-ups) is not.
 
     python bench/instructions.py [--requests 1000] [--protocols http grpc] [--tree PATH ...]
+                                 [--trace triton|opentelemetry]
+
+``--trace`` serves with tracing on at rate 1 (every request traced): the trace file in a
+scratch directory, or OTLP/HTTP spans to a sink in this process, to state what tracing costs.
 
 ``--tree`` measures the ``src/`` of other checkouts too (e.g. a ``git worktree`` of an older
 commit), one line each, for before/after comparisons in one run. Needs valgrind (Debian
@@ -23,6 +27,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
@@ -73,11 +79,50 @@ def dumped_instructions(directory: Path, pid: int) -> int:
     return total
 
 
-def measure(tree: Path, protocol: str, requests: int) -> int:
+def trace_flags(mode: str | None, directory: Path) -> list[str]:
+    """Server flags that trace every request in ``mode`` (none when None)."""
+    if mode is None:
+        return []
+    flags = ["--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1"]
+    if mode == "triton":
+        return [*flags, "--trace-config", f"triton,file={directory}/trace.json"]
+    return [*flags, "--trace-config", "mode=opentelemetry",
+            "--trace-config", f"opentelemetry,url={OtlpSink.shared().url}"]
+
+
+class OtlpSink:
+    """An OTLP/HTTP endpoint that accepts every export and keeps nothing."""
+
+    _shared: OtlpSink | None = None
+
+    def __init__(self) -> None:
+        class Accept(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Accept)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+
+    @classmethod
+    def shared(cls) -> OtlpSink:
+        if cls._shared is None:
+            cls._shared = cls()
+        return cls._shared
+
+
+def measure(tree: Path, protocol: str, requests: int, trace: str | None = None) -> int:
     """Instructions per request of the server from ``tree``'s sources."""
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
-        server = TritiumProcess(REPOSITORY, env={"PYTHONPATH": str(tree / "src")})
+        server = TritiumProcess(REPOSITORY, *trace_flags(trace, directory),
+                                env={"PYTHONPATH": str(tree / "src")})
         server.args = ["valgrind", "--tool=callgrind",
                        f"--callgrind-out-file={directory}/callgrind.%p", *server.args]
         server.start(timeout=600)
@@ -107,11 +152,15 @@ def main() -> None:
                         default=["http", "grpc"])
     parser.add_argument("--tree", type=Path, nargs="*", default=[],
                         help="other checkouts to measure besides this one")
+    parser.add_argument("--trace", choices=["triton", "opentelemetry"], default=None,
+                        help="trace every request in this mode")
     args = parser.parse_args()
+    traced = f", traced: {args.trace}" if args.trace else ""
     for protocol in args.protocols:
         for tree in [ROOT, *args.tree]:
-            count = measure(tree.resolve(), protocol, args.requests)
-            print(f"{protocol:4s}  {count:9,d} instructions/infer  ({tree})", flush=True)
+            count = measure(tree.resolve(), protocol, args.requests, args.trace)
+            print(f"{protocol:4s}  {count:9,d} instructions/infer  ({tree}{traced})",
+                  flush=True)
 
 
 if __name__ == "__main__":

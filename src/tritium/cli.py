@@ -27,6 +27,8 @@ from tritium.repository.manager import ControlMode
 from tritium.tls import TlsError, TlsSettings, server_context
 
 _bool = triton_bool
+
+
 def _port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:

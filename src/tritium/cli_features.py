@@ -19,6 +19,7 @@ from tritium.feature_config import (
     TraceConfig,
     group,
 )
+from tritium.tracing.settings import TraceSettings
 
 MIB = 1 << 20
 # python backend settings that mean nothing for this server's instance processes, and why.
@@ -55,8 +56,21 @@ def server_settings(args: argparse.Namespace, exit_on_error: bool) -> dict[str, 
         "features": settings,
         "process_arena": python_backend(settings.backends)[0],
         "cache_bytes": cache_bytes(settings.cache),
+        "trace": trace_settings(settings.trace),
         "model_config_name": args.model_config_name or None,
     }
+
+
+def trace_settings(trace: TraceConfig) -> TraceSettings:
+    """The tracer's settings from the merged tracing flags."""
+    pairs = [f"mode={trace.mode}", *(f"level={level}" for level in trace.level),
+             f"rate={trace.rate}", f"count={trace.count}"]
+    pairs += [f"{mode},{key}={value}" for mode, settings in trace.modes
+              for key, value in settings]
+    try:
+        return TraceSettings.from_flags(pairs)
+    except ValueError as exc:
+        raise FlagError(f"--trace-config: {exc}") from None
 
 
 def cache_bytes(cache: CacheConfig | None) -> int | None:
@@ -141,6 +155,9 @@ def trace_config(args: argparse.Namespace) -> TraceConfig:
             count = _checked(int, value, "count")
         elif key == "mode":
             mode = _checked(trace_mode, value, "mode")
+        else:
+            raise FlagError(f"--trace-config: unknown global setting '{key}' (rate, level, "
+                            "count, mode; or <mode>,<setting>=<value>)")
     # An explicit OFF anywhere wins, as in tritonserver.
     off = "OFF" in levels or not levels
     level = ("OFF",) if off else tuple(dict.fromkeys(levels))

@@ -132,12 +132,12 @@ FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("metrics-config", v.key_value("metrics-config"), LATER, "metrics settings",
                repeat=True),
     # -- tracing
-    TritonFlag("trace-config", v.trace_setting, LATER, "tracing", repeat=True),
-    TritonFlag("trace-file", str, LATER, "tracing"),
-    TritonFlag("trace-level", v.trace_level, LATER, "tracing", repeat=True),
-    TritonFlag("trace-rate", v.integer, LATER, "tracing"),
-    TritonFlag("trace-count", v.integer, LATER, "tracing"),
-    TritonFlag("trace-log-frequency", v.integer, LATER, "tracing"),
+    TritonFlag("trace-config", v.trace_setting, DONE, "tracing", repeat=True),
+    TritonFlag("trace-file", str, DONE, "tracing"),
+    TritonFlag("trace-level", v.trace_level, DONE, "tracing", repeat=True),
+    TritonFlag("trace-rate", v.integer, DONE, "tracing"),
+    TritonFlag("trace-count", v.integer, DONE, "tracing"),
+    TritonFlag("trace-log-frequency", v.integer, DONE, "tracing"),
     # -- backends, repository agents, response cache
     TritonFlag("backend-directory", str, NO_HW,
                "only the built-in python backend runs here"),

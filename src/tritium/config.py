@@ -9,6 +9,7 @@ from tritium.core.restrictions import Restriction
 from tritium.feature_config import FeatureConfig, LogConfig, ProcessArenaSettings
 from tritium.repository.manager import ControlMode
 from tritium.tls import TlsSettings
+from tritium.tracing.settings import TraceSettings
 
 BUNDLED_REPOSITORY = Path(__file__).parent / "example_repository"
 
@@ -89,3 +90,5 @@ class ServerConfig:
     cache_bytes: int | None = None
     # --model-config-name: a model's configs/<name>.pbtxt, where it has one, over config.pbtxt.
     model_config_name: str | None = None
+    # --trace-config: Triton's trace modes and settings (tracing/settings.py).
+    trace: TraceSettings = field(default_factory=TraceSettings)

@@ -37,6 +37,7 @@ from tritium.metrics.server import MetricsOptions, MetricsServer
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.poll import RepositoryPoller
 from tritium.tls import TlsError, TlsSettings, server_context
+from tritium.tracing import ServerTracer
 
 log = logging.getLogger("tritium.server")
 
@@ -135,7 +136,8 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         config_name=config.model_config_name,
     )
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
-                               config.server_id, config.strict_readiness)
+                               config.server_id, config.strict_readiness,
+                               tracer=ServerTracer(config.trace))
     instance_choice.configure(config.python_instance_kind, service, config.process_arena)
     service.note_log_file(config.log.file or "")
     service.update_log_settings({
@@ -335,6 +337,8 @@ async def _shutdown(config: ServerConfig, service: InferenceService, manager: Mo
     if polling_stopped is not None:
         await polling_stopped
     await manager.shutdown()
+    if isinstance(service.tracer, ServerTracer):
+        await asyncio.to_thread(service.tracer.close)  # writes or exports what was traced
     if listeners.metrics is not None:
         await listeners.metrics.stop()
     log.info("shutdown complete: %d request(s) drained, %d cancelled",

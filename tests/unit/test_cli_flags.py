@@ -188,7 +188,7 @@ def test_one_warning_line_per_kind_of_flag() -> None:
             "--backend-config=tensorrt,coalesce-request-input=true",
             "--http-thread-count=4", "--grpc-infer-allocation-pool-size=4",
             "--trace-config=level=TIMESTAMPS", "--cache-config=local,size=1",
-            "--allow-sagemaker=false", "--rate-limit=off"]
+            "--allow-sagemaker=false", "--rate-limit=off", "--rate-limit-resource=R1:10"]
     _, warnings = parse(argv, "tritonserver")
     assert len(warnings) == 3, warnings
     ignored, hardware, later = warnings
@@ -198,7 +198,8 @@ def test_one_warning_line_per_kind_of_flag() -> None:
                  "--min-supported-compute-capability", "--backend-directory",
                  "--backend-config=tensorrt"):
         assert flag in hardware
-    assert "--trace-config (tracing)" in later and "--cache-config" not in later
+    assert "--rate-limit-resource" in later
+    assert "--trace-config" not in later and "--cache-config" not in later
     assert "sagemaker" not in " ".join(warnings) and "--rate-limit " not in later
 
 

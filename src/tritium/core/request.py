@@ -85,6 +85,9 @@ class InferenceRequest:
     # The model handle a frontend ran ``validation.check_input`` on for every input; the
     # core then skips those checks for that handle (and only for it).
     checked_for: Any = None
+    # None unless traced: what the request is traced under (a frontend's trace, or the
+    # parent request's for BLS and ensemble steps); once admitted, its own (core.tracing).
+    trace: Any = None
 
     def requested_output_names(self) -> list[str] | None:
         if self.requested_outputs is None:

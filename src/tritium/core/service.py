@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ from tritium.core import messages
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.inflight import InFlight
-from tritium.core.logging_settings import LogSettings, LogValue, TraceSettings, TraceValue
+from tritium.core.logging_settings import LogSettings, LogValue, TraceValue
 from tritium.core.model import (
     IndexEntry,
     ModelHandle,
@@ -23,6 +24,7 @@ from tritium.core.names import check_model_name
 from tritium.core.request import AdmittedRequest, InferenceRequest, RequestStage
 from tritium.core.response import InferenceResponse, ResponseStream
 from tritium.core.statistics import ModelStatistics
+from tritium.core.tracing import QUEUE_START, TENSOR_QUEUE_INPUT, NoTracer, Tracer
 from tritium.core.validation import validate_request
 
 
@@ -42,6 +44,7 @@ EXTENSIONS = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
     "logging",
 )
 
@@ -62,6 +65,7 @@ class InferenceService:
         extensions: tuple[str, ...] = EXTENSIONS,
         server_id: str = SERVER_NAME,
         strict_readiness: bool = True,
+        tracer: Tracer | None = None,
     ):
         self.repository = repository
         self.server_id = server_id  # --id: the name server metadata answers
@@ -77,7 +81,8 @@ class InferenceService:
         # waits for the server's, an unload for one version's, while others keep running.
         self._in_flight: InFlight[AdmittedRequest] = InFlight()
         self._log_settings = LogSettings()
-        self._trace_settings = TraceSettings()
+        # Frontends read ``tracer.enabled`` before starting a trace for a request.
+        self.tracer: Tracer = tracer if tracer is not None else NoTracer()
 
     # -- health and metadata ---------------------------------------------------
     def is_live(self) -> bool:
@@ -165,16 +170,16 @@ class InferenceService:
 
     def trace_settings(self, model_name: str | None = None) -> dict[str, TraceValue]:
         self._check_trace_model(model_name)
-        return self._trace_settings.current()
+        return self.tracer.settings(model_name or None)
 
     def update_trace_settings(self, changes: Mapping[str, Any], model_name: str | None = None
                               ) -> dict[str, TraceValue]:
         self._check_trace_model(model_name)
-        return self._trace_settings.update(changes)
+        return self.tracer.update(changes, model_name or None)
 
     def _check_trace_model(self, model_name: str | None) -> None:
         if model_name and not self.model_ready(model_name):
-            raise TritiumError(ErrorCode.INVALID_ARG, f"request for unknown model '{model_name}'")
+            raise TritiumError(ErrorCode.INVALID_ARG, f"Request for unknown model : {model_name}")
 
     # -- inference -------------------------------------------------------------
     def submit(self, request: InferenceRequest, cancellation: Cancellation,
@@ -229,10 +234,17 @@ class InferenceService:
         stream = ResponseStream(self.loop, None if internal else cancellation,
                                 model.served_by)
         admitted = AdmittedRequest(request, cancellation, stream, batch_size)
-        model.enqueue(admitted)
+        if request.trace is None:
+            trace = None
+            model.enqueue(admitted)
+        else:
+            trace = _traced_enqueue(model, admitted)
 
         def on_cancel(cancelled: Cancellation) -> None:
             assert cancelled.reason is not None
+            if trace is not None:
+                trace.cancelled(cancelled.reason.value, admitted.stage.value,
+                                cancelled.cancelled_at_ns or time.monotonic_ns())
             # The scheduler reads the request's stage before the stream is closed.
             model.request_cancelled(admitted)
             if (internal and cancelled.reason is CancelReason.CLIENT_CANCELLED
@@ -241,6 +253,9 @@ class InferenceService:
             stream.close_with(InferenceResponse.failure(cancelled.reason.to_error()))
 
         def on_done() -> None:
+            if trace is not None:
+                error = stream.error
+                trace.end(None if error is None else error.message, time.monotonic_ns())
             self._in_flight.discard(admitted)
             model.request_finished(admitted, stream.error)
             cancellation.remove_callback(on_cancel)
@@ -305,6 +320,32 @@ class InferenceService:
         response = await stream.receive()
         return response if _lone(response) else await _single_response(
             stream, response, messages.GENERATE_ONE_RESPONSE)
+
+
+def _traced_enqueue(model: ModelHandle, admitted: AdmittedRequest) -> Any:
+    """Enqueue a traced request: it gets a trace of its own, a child of what it was traced
+    under (its REQUEST_START when it arrived), which it returns."""
+    request = admitted.request
+    trace = request.trace = request.trace.spawn(model.name, model.version, request.id,
+                                                admitted.arrival_ns)
+    trace.event(QUEUE_START, time.monotonic_ns())
+    trace.tensors(TENSOR_QUEUE_INPUT, request.inputs.values())
+    try:
+        model.enqueue(admitted)
+    except TritiumError as refused:
+        trace.end(refused.message, time.monotonic_ns())  # nothing else will end its span
+        raise
+    stream = admitted.stream
+    late = stream.on_late_final
+    if late is not None:  # decoupled: a FINAL after a cancel is when the model stopped
+        trace.expect_stop()
+
+        def stopped() -> None:
+            trace.stopped(time.monotonic_ns())
+            late()
+
+        stream.on_late_final = stopped
+    return trace
 
 
 def _lone(response: InferenceResponse) -> bool:

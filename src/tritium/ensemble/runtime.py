@@ -200,6 +200,7 @@ class EnsembleRun:
             flags=parent.flags,
             priority=parent.priority,
             timeout_us=parent.timeout_us,
+            trace=parent.trace,  # the ensemble's own: each step is its child
         )
         return child, batch
 

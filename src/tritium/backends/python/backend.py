@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import time
 import types
 from collections.abc import Awaitable, Coroutine
 from typing import Any
@@ -20,6 +21,16 @@ from tritium.core.request import AdmittedRequest
 from tritium.core.response import ImmediateWakes, StreamClosedError
 from tritium.core.response import InferenceResponse as CoreResponse
 from tritium.core.service import InferenceService
+from tritium.core.tracing import (
+    COMPUTE_END,
+    COMPUTE_INPUT_END,
+    COMPUTE_OUTPUT_START,
+    COMPUTE_START,
+    TENSOR_BACKEND_OUTPUT,
+    RequestTrace,
+    record,
+    traces_of,
+)
 
 log = logging.getLogger("tritium.backends.python")
 
@@ -53,6 +64,9 @@ class PythonBackend:
         self._module = module
 
     def execute(self, requests: list[AdmittedRequest]) -> Awaitable[None] | None:
+        for admitted in requests:  # inline, not traces_of(): this runs for every batch
+            if admitted.request.trace is not None:
+                return self._traced_execute(requests, traces_of(requests) or [])
         context = self._context
         received = [ReceivedRequest(request, context) for request in requests]
         token = scope.enter(scope.ExecutionScope(self._service, self.model_dir, requests))
@@ -68,6 +82,32 @@ class PythonBackend:
         if type(result) is not list and inspect.iscoroutine(result):
             return self._complete_async(requests, received, result)
         self._deliver(received, result)
+        return None
+
+    def _traced_execute(self, requests: list[AdmittedRequest], traces: list[RequestTrace]
+                        ) -> Awaitable[None] | None:
+        """``execute`` with Triton's compute timestamps on the traced requests: inputs are
+        ready once the model's request objects are made, outputs start when it returns."""
+        record(traces, COMPUTE_START, time.monotonic_ns())
+        context = self._context
+        received = [ReceivedRequest(request, context) for request in requests]
+        record(traces, COMPUTE_INPUT_END, time.monotonic_ns())
+        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir, requests))
+        try:
+            with ImmediateWakes():
+                result = self.model.execute(received)
+        except Exception as exc:
+            self._fail(received, describe_exception(exc), exc)
+            record(traces, COMPUTE_END, time.monotonic_ns())
+            return None
+        finally:
+            scope.leave(token)
+        if type(result) is not list and inspect.iscoroutine(result):
+            return self._complete_async(requests, received, result, traces)
+        record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
+        _trace_outputs(requests, result)
+        self._deliver(received, result)
+        record(traces, COMPUTE_END, time.monotonic_ns())
         return None
 
     def finalize(self) -> None:
@@ -89,6 +129,7 @@ class PythonBackend:
         requests: list[AdmittedRequest],
         received: list[ReceivedRequest],
         coroutine: Coroutine[Any, Any, Any],
+        traces: list[RequestTrace] | None = None,
     ) -> None:
         # Entered here, inside the task that runs the coroutine, so that BLS calls made by
         # the coroutine (and tasks it starts) see these requests as their parents.
@@ -97,10 +138,18 @@ class PythonBackend:
             result = await coroutine
         except Exception as exc:
             self._fail(received, describe_exception(exc), exc)
+            if traces is not None:
+                record(traces, COMPUTE_END, time.monotonic_ns())
             return
         finally:
             scope.leave(token)
+        if traces is None:
+            self._deliver(received, result)
+            return
+        record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
+        _trace_outputs(requests, result)
         self._deliver(received, result)
+        record(traces, COMPUTE_END, time.monotonic_ns())
 
     # -- after the model returned ------------------------------------------------
     def _deliver(self, received: list[ReceivedRequest], result: Any) -> None:
@@ -195,3 +244,14 @@ def _returned_problem(received: list[ReceivedRequest], result: Any) -> str | Non
             except TritonModelException as exc:
                 return str(exc)
     return None
+
+
+def _trace_outputs(requests: list[AdmittedRequest], result: Any) -> None:
+    """Level TENSORS: the outputs ``execute`` returned, each with its request's trace (a
+    decoupled model's, sent through its response sender, are not recorded)."""
+    if type(result) is not list or len(result) != len(requests):
+        return
+    for admitted, response in zip(requests, result, strict=True):
+        trace = admitted.request.trace
+        if trace is not None and isinstance(response, InferenceResponse):
+            trace.tensors(TENSOR_BACKEND_OUTPUT, [t._core for t in response.output_tensors()])

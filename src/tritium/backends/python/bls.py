@@ -256,6 +256,7 @@ def child_request(request: InferenceRequest) -> CoreRequest:
         correlation_id=request._correlation_id,
         flags=request._flags,
         timeout_us=request._timeout,
+        trace=request._trace._core,  # set by the model (trace=request.trace()): nested
     )
 
 

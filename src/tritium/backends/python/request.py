@@ -35,10 +35,18 @@ class PreferredMemory:
 
 
 class InferenceTrace:
-    """Tracing is not implemented: a trace has no context."""
+    """The trace of a request a model executes (``request.trace()``): passed as the
+    ``trace`` of a BLS request, it makes that request a child in the same trace."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: Any = None) -> None:
+        self._core = core  # core.tracing.RequestTrace, or None when not traced
 
     def get_context(self) -> str | None:
-        return None
+        """The W3C trace context of the request's span as JSON (``{"traceparent": ...}``)
+        in the opentelemetry mode; None otherwise."""
+        return None if self._core is None else self._core.context()
 
 
 def _correlation_id(value: object) -> int | str:
@@ -216,6 +224,9 @@ class ReceivedRequest(InferenceRequest):
 
     def model_name(self) -> str:
         return self._core.model_name
+
+    def trace(self) -> InferenceTrace:
+        return InferenceTrace(self._core.trace)
 
     def is_cancelled(self) -> bool:
         return self._admitted.cancellation.is_cancelled()

@@ -72,12 +72,20 @@ def _child_cancellation(ctx: CallContext, loop: asyncio.AbstractEventLoop
 async def serve_exec(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
     service = service_of(ctx)
     child = decode_request(payload, buffers)
+    child.trace = _parent_trace(ctx, payload)
     cancellation, tie = _child_cancellation(ctx, service.loop)
     try:
         response = await backend_bls.run_child(service, child, cancellation)
     finally:
         ctx.cancellation.remove_callback(tie)
     _reply(ctx, response)
+
+
+def _parent_trace(ctx: CallContext, payload: Any) -> Any:
+    """The trace of the request whose ``request.trace()`` the child passed, if traced."""
+    slot = payload.get("trace_slot")
+    parent = None if slot is None else ctx.instance.request_in(slot)
+    return None if parent is None else parent.request.trace
 
 
 class _Replies:
@@ -96,6 +104,7 @@ class _Replies:
 async def serve_stream(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
     service = service_of(ctx)
     child = decode_request(payload, buffers)
+    child.trace = _parent_trace(ctx, payload)
     cancellation, tie = _child_cancellation(ctx, service.loop)
     replies = _Replies(ctx)
     try:

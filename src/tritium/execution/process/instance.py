@@ -31,6 +31,14 @@ from tritium.core.response import (
     StreamClosedError,
     wake_all,
 )
+from tritium.core.tracing import (
+    COMPUTE_END,
+    COMPUTE_INPUT_END,
+    COMPUTE_OUTPUT_START,
+    COMPUTE_START,
+    record,
+    traces_of,
+)
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo
 from tritium.execution.instance import end_unstarted, settle
@@ -162,12 +170,18 @@ class ProcessInstance:
             core = request.request
             inputs = list(core.inputs.values())
             tensors.extend(inputs)
+            trace = core.trace
             descs.append((slot, core.id, core.correlation_id, core.flags, core.timeout_us,
                           core.parameters, core.requested_output_names(), core.model_name,
-                          len(inputs)))
+                          len(inputs), None if trace is None else trace.context() or ""))
         batch_id = next(_batch_ids)
         self._batches[batch_id] = _Batch(batch, slots)
+        traces = traces_of(live)
+        if traces is not None:  # the compute span covers the round trip to the process
+            record(traces, COMPUTE_START, self._batches[batch_id].started)
         self._channel.send((ch.EXECUTE, batch_id, descs, self._writer.pack(tensors)))
+        if traces is not None:
+            record(traces, COMPUTE_INPUT_END, time.monotonic_ns())
 
     def stop(self) -> None:
         """Ask the process to finalize the model and exit; see ``wait_stopped``."""
@@ -249,6 +263,10 @@ class ProcessInstance:
             pending = self._pending.get(slot)
             if pending is not None:
                 pending.request.release_flags = flags
+        entry = self._batches.get(batch_id)
+        traces = None if entry is None else traces_of(entry.batch)
+        if traces is not None:
+            record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
         # The responses execute returned wake when on_done says (as an instance thread's
         # do: the scheduler may hold them back to keep the dispatch order).
         with DeferredWakes() as woken:
@@ -258,6 +276,8 @@ class ProcessInstance:
         if entry is None:
             wake_all(woken)
             return
+        if traces is not None:
+            record(traces, COMPUTE_END, time.monotonic_ns())
         for slot in entry.slots:
             pending = self._pending.get(slot)
             if pending is not None:
@@ -265,6 +285,11 @@ class ProcessInstance:
                 if pending.final:
                     self._release(slot)
         self._on_done(self, entry.batch, elapsed, woken)
+
+    def request_in(self, slot: int) -> AdmittedRequest | None:
+        """The request the child holds in ``slot``, if any (BLS calls name their parent)."""
+        pending = self._pending.get(slot)
+        return None if pending is None else pending.request
 
     def _release(self, slot: int) -> None:
         del self._pending[slot]

@@ -33,6 +33,7 @@ from tritium.execution.process import channel as ch
 from tritium.execution.process.channel import ChildLink, Frame
 from tritium.execution.process.flags import FlagView, SlotCancellation
 from tritium.execution.process.shm import ArenaReader, ArenaWriter, Mapping, Packed
+from tritium.execution.process.wire import TraceRef
 
 log = logging.getLogger("tritium.execution.process")
 
@@ -115,14 +116,15 @@ class InstanceServer:
         requests: list[ChildRequest] = []
         at = 0
         for (slot, rid, correlation, flags, timeout, parameters, outputs, model,
-             count) in descs:
+             count, trace) in descs:
             inputs: dict[str, Tensor] = {t.name: t for t in tensors[at:at + count]}
             at += count
             core = InferenceRequest(
                 model_name=model, inputs=inputs, id=rid, parameters=parameters,
                 requested_outputs=None if outputs is None
                 else [RequestedOutput(name) for name in outputs],
-                correlation_id=correlation, flags=flags, timeout_us=timeout)
+                correlation_id=correlation, flags=flags, timeout_us=timeout,
+                trace=None if trace is None else TraceRef(trace, slot))
             cancellation = self._flags.cancellation(slot)
             requests.append(ChildRequest(core, cancellation,
                                          ChildStream(self, slot), slot))

@@ -72,9 +72,32 @@ def decode_error(payload: ErrorPayload) -> TritiumError | None:
 # -- requests ----------------------------------------------------------------------------
 
 
+class TraceRef:
+    """In the instance process, the trace of a request it executes: the W3C context the
+    server sent (``get_context()``) and the request's slot, which a BLS request made with
+    ``trace=request.trace()`` names so the server nests it. Its timestamps are the
+    server's: the server records the compute span around the batch."""
+
+    __slots__ = ("_context", "slot")
+
+    def __init__(self, context: str, slot: int) -> None:
+        self._context = context
+        self.slot = slot
+
+    def event(self, name: str, ns: int) -> None:
+        pass
+
+    def tensors(self, activity: str, tensors: Any) -> None:
+        pass
+
+    def context(self) -> str | None:
+        return self._context or None
+
+
 def encode_request(request: InferenceRequest) -> tuple[dict[str, Any], list[memoryview]]:
     headers, buffers = encode_tensors(list(request.inputs.values()))
     names = request.requested_output_names()
+    trace = request.trace
     payload = {
         "model_name": request.model_name,
         "model_version": request.model_version,
@@ -85,6 +108,7 @@ def encode_request(request: InferenceRequest) -> tuple[dict[str, Any], list[memo
         "correlation_id": request.correlation_id,
         "flags": request.flags,
         "timeout_us": request.timeout_us,
+        "trace_slot": trace.slot if isinstance(trace, TraceRef) else None,
     }
     return payload, buffers
 

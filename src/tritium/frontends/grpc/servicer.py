@@ -9,7 +9,7 @@ from typing import Any
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
-from tritium.core import offload
+from tritium.core import offload, tracing
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.header_forward import HeaderForward
@@ -141,10 +141,30 @@ class InferenceServicer:
             resolved = model  # no await since it was looked up: still the one
         if self.header_forward is not None:
             request.parameters.update(forwarded(self.header_forward, call))
+        tracer = service.tracer
+        if tracer.enabled:
+            return await self._traced_infer(request, call, resolved)
         response = await service.infer(request, call.cancellation, resolved)
         if offload.heavy_response(response):
             return await offload.run(codec.encode_infer_response, response, request)
         return codec.encode_infer_response(response, request)
+
+    async def _traced_infer(self, request: InferenceRequest, call: Call,
+                            resolved: ModelHandle | None) -> list[bytes | memoryview]:
+        request.trace = trace = tracing.begin(self.service.tracer, request.model_name,
+                                              call.headers, tracing.GRPC_EVENTS)
+        if trace is None:
+            return await _encoded(await self.service.infer(request, call.cancellation,
+                                                           resolved), request)
+        sent = False
+        try:
+            response = await self.service.infer(request, call.cancellation, resolved)
+            tracing.sending(trace, tracing.GRPC_EVENTS)
+            encoded = await _encoded(response, request)
+            sent = True
+            return encoded
+        finally:
+            tracing.finish(trace, tracing.GRPC_EVENTS, sent)
 
     async def ModelStreamInfer(self, call: Call) -> None:
         await StreamSession(self.service, call, self.header_forward, self.shared_memory).run()
@@ -185,16 +205,26 @@ class StreamSession:
         await self.in_flight.wait_empty()
 
     async def _start(self, message: Any) -> None:
+        trace = None
         try:
             request = await decode_request(self.service, message, self.shared_memory)
             if self.header_forward is not None:  # the stream's headers, for each request
                 request.parameters.update(forwarded(self.header_forward, self.call))
+            tracer = self.service.tracer
+            if tracer.enabled:
+                request.trace = tracing.begin(tracer, request.model_name, self.call.headers,
+                                              tracing.GRPC_EVENTS)
+            trace = request.trace
             # Each request follows the call: its end cancels them all with its reason.
             stream = self.service.submit(request, self.call.cancellation.child())
         except TritiumError as exc:
             self.call.write(codec.encode_stream_error(exc, message.id))
+            if trace is not None:
+                tracing.finish(trace, tracing.GRPC_EVENTS, False)
             return
         task = asyncio.ensure_future(self._forward(request, stream))
+        if trace is not None:
+            task.add_done_callback(lambda _: tracing.finish(trace, tracing.GRPC_EVENTS, True))
         self.in_flight.add(task)
         task.add_done_callback(self._finished)
 
@@ -227,6 +257,13 @@ class StreamSession:
         # The stream that would carry their answers is gone, as if the client had left.
         self.call.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
         self._room.set()
+
+
+async def _encoded(response: InferenceResponse, request: InferenceRequest
+                   ) -> list[bytes | memoryview]:
+    if offload.heavy_response(response):
+        return await offload.run(codec.encode_infer_response, response, request)
+    return codec.encode_infer_response(response, request)
 
 
 def forwarded(header_forward: HeaderForward, call: Call) -> dict[str, str]:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tritium.core import offload
+from tritium.core import offload, tracing
 from tritium.core.cancellation import Cancellation
 from tritium.core.errors import TritiumError, invalid
 from tritium.core.header_forward import HeaderForward
@@ -142,14 +142,19 @@ class HttpApi:
             respond_json(exchange, 200, self.service.log_settings())
 
     async def trace_settings(self, exchange: HttpExchange, match: Match) -> None:
+        model = match.model  # None: the global settings
         if exchange.request.method == "POST":
             changes = _json_object(exchange.request.body, allow_empty=True)
-            respond_json(exchange, 200, self.service.update_trace_settings(changes))
+            respond_json(exchange, 200, self.service.update_trace_settings(changes, model))
         else:
-            respond_json(exchange, 200, self.service.trace_settings())
+            respond_json(exchange, 200, self.service.trace_settings(model))
 
     # -- inference ---------------------------------------------------------------
-    async def infer(self, exchange: HttpExchange, match: Match) -> None:
+    async def infer(self, exchange: HttpExchange, match: Match,
+                    trace: tracing.FrontendTrace | None = None, sampled: bool = False) -> None:
+        if not sampled and self.service.tracer.enabled:
+            await self._traced(self.infer, exchange, match)
+            return
         name = match.model if match.model is not None else _model(match)
         version = parse_version(match.version) if match.version else None
         # Before any of the body is looked at: a request for a model that cannot serve it
@@ -174,6 +179,7 @@ class HttpApi:
                 model=model, shared_memory=self.shared_memory)
         else:
             request = self._decode_infer(body, header_length, model, version)
+        request.trace = trace
         if self.header_forward is not None:
             self.header_forward.apply(request, headers)
         try:
@@ -183,6 +189,8 @@ class HttpApi:
             if exchange.disconnected:
                 return
             raise
+        if trace is not None:
+            tracing.sending(trace, tracing.HTTP_EVENTS)
         accept = headers.get("accept-encoding")
         if not offload.heavy_response(response):
             out_headers, parts = codec.encode_infer_response(response, request)
@@ -195,6 +203,19 @@ class HttpApi:
             exchange.respond(200, *await offload.run(_compressed, out_headers, stream, accept))
         else:
             await _send_pieces(exchange, out_headers, stream)
+
+    async def _traced(self, endpoint: Callable[..., Awaitable[None]], exchange: HttpExchange,
+                      match: Match) -> None:
+        """``endpoint`` under a trace when the request is sampled (or carries a context)."""
+        trace = tracing.begin(self.service.tracer, match.model or "",
+                              exchange.request.headers, tracing.HTTP_EVENTS)
+        if trace is None:
+            await endpoint(exchange, match, None, True)
+            return
+        try:
+            await endpoint(exchange, match, trace, True)
+        finally:
+            tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
 
     def _decode_infer(self, body: bytes, header_length: int | None, model: ModelHandle,
                       version: int | None) -> InferenceRequest:
@@ -216,15 +237,31 @@ class HttpApi:
 
     async def generate(self, exchange: HttpExchange, match: Match) -> None:
         request = await self._generate_request(exchange, match)
-        response = await self._run(exchange, request, self.service.generate)
-        if response is None:
-            return
-        exchange.respond(200, JSON, await _coded(functools.partial(
-            generate.encode_generate_response, response, request),
-            offload.response_bytes(response)))
+        trace = request.trace
+        try:
+            response = await self._run(exchange, request, self.service.generate)
+            if response is None:
+                return
+            if trace is not None:
+                tracing.sending(trace, tracing.HTTP_EVENTS)
+            exchange.respond(200, JSON, await _coded(functools.partial(
+                generate.encode_generate_response, response, request),
+                offload.response_bytes(response)))
+        finally:
+            if trace is not None:
+                tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
 
     async def generate_stream(self, exchange: HttpExchange, match: Match) -> None:
         request = await self._generate_request(exchange, match)
+        trace = request.trace
+        try:
+            await self._generate_stream(exchange, request)
+        finally:
+            if trace is not None:
+                tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
+
+    async def _generate_stream(self, exchange: HttpExchange, request: InferenceRequest
+                               ) -> None:
         stream = self.service.submit(request, exchange.cancellation)
         started = False
         async for response in stream:
@@ -247,9 +284,14 @@ class HttpApi:
         name, version = _model(match), parse_version(match.version)
         model = self.service.model(name, version)
         body = await self._unpacked_body(exchange)
-        return await _coded(functools.partial(
+        request = await _coded(functools.partial(
             generate.decode_generate_request, body, model, version,
             max_input_size=self.max_input_size), len(body))
+        tracer = self.service.tracer
+        if tracer.enabled:  # started once the request is decoded: nothing can fail before
+            request.trace = tracing.begin(tracer, model.name, exchange.request.headers,
+                                          tracing.HTTP_EVENTS)
+        return request
 
     async def _unpacked_body(self, exchange: HttpExchange) -> bytes:
         """The body, decompressed off the event loop unless it is small."""
@@ -395,6 +437,8 @@ ROUTES: tuple[tuple[str, str, Endpoint], ...] = (
     ("POST", "/v2/logging", HttpApi.log_settings),
     ("GET", "/v2/trace/setting", HttpApi.trace_settings),
     ("POST", "/v2/trace/setting", HttpApi.trace_settings),
+    ("GET", "/v2/models/{model}/trace/setting", HttpApi.trace_settings),
+    ("POST", "/v2/models/{model}/trace/setting", HttpApi.trace_settings),
     *(("GET", f"/v2/{kind}sharedmemory{region}/status", status)
       for kind, status in (("system", shm.system_status), ("cuda", shm.cuda_status))
       for region in ("", "/region/{model}")),

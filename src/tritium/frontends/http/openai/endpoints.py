@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from tritium.core import tracing
 from tritium.core.errors import TritiumError
 from tritium.core.llm_statistics import OUTCOMES, GenerationTimer
 from tritium.core.model import ModelHandle
@@ -119,6 +120,10 @@ async def _serve(api: HttpApi, exchange: HttpExchange, chat: bool) -> None:
         job = Job(reply, params, prompt, model.statistics().generation.request(
             "chat_completions" if chat else "completions"),
             TOKENIZERS.for_model(model, api.tokenizer_dir))
+        tracer = api.service.tracer
+        request.trace = trace = tracing.begin(
+            tracer, model.name, exchange.request.headers, tracing.HTTP_EVENTS) \
+            if tracer.enabled else None
         try:
             stream = api.service.submit(request, exchange.cancellation)
             answer = _stream if params.stream else _whole
@@ -126,6 +131,9 @@ async def _serve(api: HttpApi, exchange: HttpExchange, chat: bool) -> None:
         except BaseException:
             job.timer.finish(CANCELLED if exchange.disconnected else ERROR)
             raise
+        finally:
+            if trace is not None:
+                tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
         usage = job.usage
         tokens = usage.completion_tokens if usage.reported else job.timer.steps
         job.timer.finish(outcome, usage.prompt_tokens or 0, tokens)
