@@ -20,8 +20,7 @@ from tritium.core.shared_memory import SharedMemoryRegistry, extensions
 from tritium.ensemble.handle import EnsembleModel
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.execution import placement as placement_module
-from tritium.execution.backend import InstanceInfo, ModelBackend
-from tritium.execution.process import choice as instance_choice
+from tritium.execution.kinds import InstanceBuilder
 from tritium.frontends.grpc import restricted as grpc_restricted
 from tritium.frontends.grpc.call import GrpcLimits
 from tritium.frontends.grpc.flood import FloodLimits
@@ -97,22 +96,20 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
     from tritium.backends.python.loader import auto_complete_config, create_python_backend
 
     service: InferenceService | None = None
-
-    def create_backend(info: InstanceInfo, model_config: Any) -> ModelBackend:
-        assert service is not None
-        return create_python_backend(info, model_config, service)
+    instances = InstanceBuilder(config.python_instance_kind, create_python_backend,
+                                auto_complete_config)
 
     def create_ensemble(plan: EnsemblePlan, model_config: Any, version: int) -> EnsembleModel:
         assert service is not None
         return EnsembleModel(plan, model_config, service, version)
 
     manager = ModelManager(
-        list(config.model_repositories), loop, create_backend, auto_complete_config,
+        list(config.model_repositories), loop, instances, instances.auto_complete,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
         create_ensemble=create_ensemble,
     )
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory))
-    instance_choice.configure(config.python_instance_kind, service)
+    instances.service = instances.link = service
     service.update_log_settings({"log_verbose_level": max(config.log_verbose, 0)})
     return service, manager
 

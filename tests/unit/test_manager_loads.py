@@ -16,6 +16,7 @@ import pytest
 from tests.unit.test_manager import FakeBackend, add_model
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.backend import InstanceInfo
+from tritium.execution.kinds import InstanceBuilder
 from tritium.repository.loaded import LoadedModel
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.overrides import DIR_PREFIX
@@ -26,7 +27,7 @@ IO = {"backend": "python",
 Scenario = Callable[[ModelManager], Awaitable[None]]
 
 
-def backend(info: InstanceInfo, _: Any) -> FakeBackend:
+def backend(info: InstanceInfo, *_: Any) -> FakeBackend:
     if "fails" in info.model_name:
         raise RuntimeError("initialize refuses")
     return FakeBackend(info, [])
@@ -34,7 +35,8 @@ def backend(info: InstanceInfo, _: Any) -> FakeBackend:
 
 def run(repo: Path, scenario: Scenario, mode: ControlMode = ControlMode.EXPLICIT) -> None:
     async def main() -> None:
-        manager = ModelManager([repo], asyncio.get_running_loop(), backend, None, mode,
+        manager = ModelManager([repo], asyncio.get_running_loop(),
+                               InstanceBuilder("thread", backend), None, mode,
                                unload_timeout_s=0.3)
         await manager.load_startup_models([])
         try:

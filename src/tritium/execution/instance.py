@@ -20,20 +20,31 @@ from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import DeferredWakes, InferenceResponse, ResponseStream
 from tritium.execution.backend import InstanceInfo, ModelBackend
+from tritium.execution.kinds import DoneCallback, InstanceSpec
 from tritium.execution.placement import ThreadPlacement, current
 
 log = logging.getLogger("tritium.execution")
 
 BackendFactory = Callable[[InstanceInfo], ModelBackend]
-# (instance, batch, nanoseconds execute took or -1 when it did not run, the streams whose
-# responses wait to be woken: the callback must wake them, see core.response.DeferredWakes)
-DoneCallback = Callable[["ModelInstance", list[AdmittedRequest], int, list[ResponseStream]],
-                        None]
 
 _STOP = None
 
 
-class ModelInstance:
+def build(spec: InstanceSpec) -> ThreadInstance:
+    """The thread kind: model code runs on a thread of the server, reaching the server
+    through the link in this process."""
+    def create(info: InstanceInfo) -> ModelBackend:
+        return spec.create_backend(info, spec.config, spec.link)
+
+    return ThreadInstance(spec.info, create, spec.loop, spec.on_done)
+
+
+class ThreadInstance:
+    """``kinds.Instance`` on a thread of the server: never restarted, ready once started."""
+
+    ready = True
+    restarts = 0
+
     def __init__(
         self,
         info: InstanceInfo,

@@ -23,6 +23,7 @@ from tritium.core.model import IndexEntry, ModelState
 from tritium.core.names import check_model_name
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.ensemble.validation import is_ensemble
+from tritium.execution.kinds import InstanceBuilder
 from tritium.repository.config import (
     AutoComplete,
     PreparedConfig,
@@ -33,7 +34,7 @@ from tritium.repository.config import (
     read_model_config,
 )
 from tritium.repository.dependencies import DependencyRules, declared_ensembles
-from tritium.repository.loaded import BackendFactory, LoadedModel
+from tritium.repository.loaded import LoadedModel
 from tritium.repository.locks import NameLocks
 from tritium.repository.overrides import LoadOverrides, OverrideDir, parse_overrides
 from tritium.repository.poll import fingerprint
@@ -110,7 +111,7 @@ class ModelManager(DependencyRules):
         self,
         repositories: list[Path],
         loop: asyncio.AbstractEventLoop,
-        create_backend: BackendFactory,
+        instances: InstanceBuilder,
         auto_complete: AutoComplete | None,
         control_mode: ControlMode = ControlMode.NONE,
         unload_timeout_s: float = 30.0,
@@ -118,7 +119,7 @@ class ModelManager(DependencyRules):
     ):
         self.repositories = repositories
         self.loop = loop
-        self.create_backend = create_backend
+        self.instances = instances  # chooses each model's instance kind and builds them
         self.auto_complete = auto_complete
         self.control_mode = control_mode
         # How long an unloaded (or replaced) version's requests may run before UNLOADED.
@@ -331,7 +332,7 @@ class ModelManager(DependencyRules):
                              ) -> ServedVersion | str:
         try:
             model = self._new_version(model_dir, version, config)
-            await model.start(self.loop, self.create_backend)
+            await model.start(self.loop, self.instances)
         except Exception as exc:
             reason = _reason(exc)
             log.error("model '%s' version %d failed to load: %s", name, version, reason)

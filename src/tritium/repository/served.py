@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from tritium.core.model import ModelHandle
 from tritium.ensemble.plan import EnsemblePlan
-from tritium.repository.loaded import BackendFactory
+from tritium.execution.kinds import InstanceBuilder
 
 
 class ServedVersion(ModelHandle, Protocol):
@@ -16,7 +16,7 @@ class ServedVersion(ModelHandle, Protocol):
 
     load_seconds: float
 
-    async def start(self, loop: asyncio.AbstractEventLoop, create_backend: BackendFactory
+    async def start(self, loop: asyncio.AbstractEventLoop, builder: InstanceBuilder
                     ) -> None: ...
 
     async def stop(self) -> None: ...

@@ -21,19 +21,8 @@ MODEL_CLASS = "TritonPythonModel"
 
 
 def auto_complete_config(model_dir: Path, config: Any) -> Any:
-    """Run the model's static ``auto_complete_config`` (if any) on a copy of ``config``:
-    here for thread instances, in a process of its own for a model whose instances run in
-    processes (so the server never imports that model's file)."""
-    # Imported here: the process kind builds on this module.
-    from tritium.execution.process import autocomplete
-
-    if autocomplete.wanted(config):
-        return autocomplete.complete_in_process(model_dir, config)
-    return auto_complete_here(model_dir, config)
-
-
-def auto_complete_here(model_dir: Path, config: Any) -> Any:
-    """``auto_complete_config`` in this process.
+    """Run the model's static ``auto_complete_config`` (if any) on a copy of ``config``, in
+    this process (the instance builder runs it elsewhere for models it puts elsewhere).
 
     The model file is imported on its own for this and dropped afterwards: as in Triton,
     nothing created here survives into ``initialize``.

@@ -1,6 +1,6 @@
 """ProcessInstance: a model instance whose code runs in a process of its own (a stub).
 
-Same interface as ``execution.instance.ModelInstance``. The server side lives on the event
+Driven by ``supervisor.SupervisedInstance``. The server side lives on the event
 loop: ``submit`` copies a batch's inputs into the shared-memory arena and sends one small
 EXECUTE frame; the child answers with one DONE frame carrying the returned responses (and
 RESPONSES frames for what a model sends itself, streamed as sent). Cancel flags live in

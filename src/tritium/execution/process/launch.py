@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tritium.execution.backend import InstanceInfo
+from tritium.execution.kinds import InstanceSpec
 from tritium.execution.placement import current
 from tritium.execution.process import death, environment
 from tritium.execution.process.environment import ExecutionEnvironment
@@ -73,3 +74,9 @@ def _spawn_env(base: dict[str, str], env: ExecutionEnvironment | None) -> dict[s
     if cores:
         spawned[death.CORES_ENV] = ",".join(map(str, sorted(cores)))
     return spawned
+
+
+def build(spec: InstanceSpec) -> SupervisedInstance:
+    """The process kind: model code runs in a process of its own, restarted when it dies;
+    its calls to the server are served here with the server's service."""
+    return supervised_instance(spec.info, spec.config, spec.loop, spec.on_done, spec.service)

@@ -1,6 +1,6 @@
 """A supervised instance slot: one instance process at a time, restarted when it dies.
 
-The scheduler sees one ``SupervisedInstance`` (the ``ModelInstance`` interface) for the life
+The scheduler sees one ``SupervisedInstance`` (``kinds.Instance``) for the life
 of the model; behind it instance processes come and go. When one dies, however it died,
 the requests it was executing are answered at once with Triton's error (the process kind
 answers them; the supervisor sweeps up any it missed), the death is logged with its cause,
@@ -134,7 +134,7 @@ class SupervisedInstance:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    # -- the ModelInstance interface ---------------------------------------------
+    # -- kinds.Instance ----------------------------------------------------------
     async def start(self) -> None:
         """Start the first process; its failure fails the load, as a thread's would."""
         if self._prepare is not None:
