@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 import logging
 import os
 import socket
 import sys
-import time
-from collections.abc import Awaitable
 from typing import Any
 
 from tritium.core import response as core_response
@@ -25,7 +22,6 @@ from tritium.core.request import RELEASE_ALL, InferenceRequest, RequestedOutput
 from tritium.core.response import InferenceResponse, StreamClosedError
 from tritium.core.types import Tensor
 from tritium.execution.backend import InstanceInfo
-from tritium.execution.instance import run_model_loop
 from tritium.execution.placement import ThreadPlacement
 from tritium.execution.placement import current as current_placement
 from tritium.execution.placement import install as install_placement
@@ -33,6 +29,7 @@ from tritium.execution.process import channel as ch
 from tritium.execution.process.channel import ChildLink, Frame
 from tritium.execution.process.flags import FlagView, SlotCancellation
 from tritium.execution.process.shm import ArenaReader, ArenaWriter, Mapping, Packed
+from tritium.execution.runner import BatchRunner, run_model_loop
 
 log = logging.getLogger("tritium.execution.process")
 
@@ -78,6 +75,16 @@ class ChildRequest:
         return self.request.describe()
 
 
+class _Batch:
+    """A batch the server sent: its id (DONE names it) and its requests."""
+
+    __slots__ = ("batch_id", "requests")
+
+    def __init__(self, batch_id: int, requests: list[ChildRequest]) -> None:
+        self.batch_id = batch_id
+        self.requests = requests
+
+
 class InstanceServer:
     """Runs the batches the server sends through one backend."""
 
@@ -91,6 +98,8 @@ class InstanceServer:
         self._deferred: list[tuple[int, tuple[Any, ...]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._placement = current_placement()
+        self._runner: BatchRunner[_Batch] = BatchRunner(
+            backend, getattr(backend, "model_name", "?"), self._batch_done, self._placement)
 
     # -- responses -----------------------------------------------------------
     def send_response(self, slot: int, response: InferenceResponse) -> None:
@@ -141,34 +150,17 @@ class InstanceServer:
             frame = inbox.popleft()
             kind = frame[0]
             if kind == ch.EXECUTE:
-                self._execute(frame[1], self.requests(frame[2], frame[3]))
+                requests = self.requests(frame[2], frame[3])
+                self._runner.run(_Batch(frame[1], requests), requests)
             elif kind == ch.STOP:
                 return
             elif kind == ch.GONE:
                 self._server_gone()
 
-    def _execute(self, batch_id: int, requests: list[ChildRequest]) -> None:
-        started = time.monotonic_ns()
-        self._placement.widen()
-        with core_response.DeferredWakes():
-            try:
-                self._backend.execute(requests)
-            except BaseException as exc:  # the backend never raises; belt and braces
-                self._fail(requests, exc)
-        elapsed = time.monotonic_ns() - started
-        # Home before waking the server, so the wake-up stays on one core.
-        self._placement.narrow()
+    def _batch_done(self, batch: _Batch, elapsed: int, woken: object) -> None:
+        # What execute delivered after the model's own sends leaves with DONE, one frame.
         deferred, self._deferred = self._deferred, []
-        self._link.send((ch.DONE, batch_id, elapsed, deferred, _released(requests)))
-
-    def _fail(self, requests: list[ChildRequest], exc: BaseException) -> None:
-        model = requests[0].request.model_name if requests else "?"
-        error = TritiumError(ErrorCode.INTERNAL,
-                             f"Failed to process the request(s) for model '{model}', "
-                             f"message: {exc}")
-        for request in requests:
-            if not request.stream.closed:
-                request.stream.send_nowait(InferenceResponse.failure(error))
+        self._link.send((ch.DONE, batch.batch_id, elapsed, deferred, _released(batch.requests)))
 
     # -- async def execute ---------------------------------------------------
     def serve_async(self) -> None:
@@ -187,46 +179,13 @@ class InstanceServer:
     def _on_async(self, frame: Frame) -> None:
         kind = frame[0]
         if kind == ch.EXECUTE:
-            self._start_async(frame[1], self.requests(frame[2], frame[3]))
+            requests = self.requests(frame[2], frame[3])
+            self._runner.start_async(_Batch(frame[1], requests), requests)
         elif kind == ch.STOP:
             assert self._loop is not None
             self._loop.stop()
         elif kind == ch.GONE:
             self._server_gone()
-
-    def _start_async(self, batch_id: int, requests: list[ChildRequest]) -> None:
-        started = time.monotonic_ns()
-        result: Awaitable[None] | None = None
-        try:
-            result = self._backend.execute(requests)
-        except BaseException as exc:
-            self._fail(requests, exc)
-        if result is None or not inspect.isawaitable(result):
-            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, [],
-                             _released(requests)))
-            return
-        task = asyncio.ensure_future(result)
-        if self._backend.decoupled:
-            # Decoupled coroutines overlap: the instance takes the next batch at once.
-            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, [],
-                             _released(requests)))
-            task.add_done_callback(lambda t: self._task_error(t, requests))
-        else:
-            task.add_done_callback(lambda t: self._async_done(t, batch_id, requests, started))
-
-    def _async_done(self, task: asyncio.Future[None], batch_id: int,
-                    requests: list[ChildRequest], started: int) -> None:
-        self._task_error(task, requests)
-        self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, [],
-                         _released(requests)))
-
-    def _task_error(self, task: asyncio.Future[None], requests: list[ChildRequest]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.error("execute() failed: %s", exc)
-            self._fail(requests, exc)
 
     @staticmethod
     def _server_gone() -> None:
