@@ -93,6 +93,7 @@ def _place_threads(loop: asyncio.AbstractEventLoop) -> None:
 
 def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
                 shared_memory: SharedMemoryRegistry) -> tuple[InferenceService, ModelManager]:
+    from tritium.backends.python.link import LocalLink
     from tritium.backends.python.loader import auto_complete_config, create_python_backend
 
     service: InferenceService | None = None
@@ -109,7 +110,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         create_ensemble=create_ensemble,
     )
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory))
-    instances.service = instances.link = service
+    instances.service, instances.link = service, LocalLink(service)
     service.update_log_settings({"log_verbose_level": max(config.log_verbose, 0)})
     return service, manager
 

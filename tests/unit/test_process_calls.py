@@ -36,14 +36,14 @@ from tests.unit.test_python_bls import (
     FakeService,
     parent_request,
 )
-from tritium.backends.python import bls as backend_bls
-from tritium.backends.python import metric, model_control, pb_utils, scope
+from tritium.backends.python import metric, pb_utils, scope
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest, InferenceRequest
 from tritium.core.response import InferenceResponse
 from tritium.core.types import DataType, Tensor
 from tritium.execution.process import bls, calls, control, logger, metrics, wire
+from tritium.execution.process.remote import RemoteLink
 
 Reply = tuple[Any, list[memoryview], bool]
 BLS_REFUSED = "BLS is only supported during the 'execute' function."
@@ -163,7 +163,7 @@ class FakeLink:
 
 @pytest.fixture
 def linked() -> Iterator[list[FakeLink]]:
-    """Child proxies installed (BLS, metrics, model control) over the FakeLink the test
+    """A remote server link for model code (BLS, metrics, model control) over the FakeLink the test
     puts in the list once its loop runs."""
     links: list[FakeLink] = []
 
@@ -171,15 +171,12 @@ def linked() -> Iterator[list[FakeLink]]:
         def call(self, kind: str, payload: object, buffers: Sequence[memoryview] = ()) -> Any:
             return links[0].call(kind, payload, buffers)
 
-    bls.install(Deferred())
-    metrics.install(Deferred())
-    control.install(Deferred())
+    saved = scope.current_link()
+    scope.register_link(RemoteLink(Deferred()))
     try:
         yield links
     finally:
-        backend_bls.install_remote(None)
-        metric.install_remote(None)
-        model_control.install_remote(None)
+        scope.register_link(saved)
 
 
 def run_child_parent(tmp_path: Path, links: list[FakeLink], source: str,

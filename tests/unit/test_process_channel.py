@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from tritium.execution.process import channel
 from tritium.execution.process.channel import (
     CALL,
     CALL_CANCEL,
@@ -164,7 +163,3 @@ async def _the_parent_sees_eof_when_the_child_end_closes() -> None:
     await asyncio.wait_for(pair.eof, 10)
     assert pair.parent.closed
 
-
-def test_child_link_outside_an_instance_process() -> None:
-    with pytest.raises(RuntimeError):
-        channel.child_link()

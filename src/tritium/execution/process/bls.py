@@ -129,7 +129,7 @@ def _response(reply: Reply | Result) -> CoreResponse:
 
 
 class RemoteBls:
-    """backends.python.bls.RemoteBls over the link."""
+    """The BLS half of the remote server link (remote.py)."""
 
     def __init__(self, link: ChildLink):
         self._link = link
@@ -218,6 +218,3 @@ class CallResponses:
             exc = TritiumError(ErrorCode.INTERNAL, "BLS response stream ended without FINAL")
         return _failure(exc)
 
-
-def install(link: ChildLink) -> None:
-    backend_bls.install_remote(RemoteBls(link))

@@ -417,18 +417,3 @@ class ChildLink:
         if final:
             del self._calls[call_id]
         call._deliver((payload, buffers, final))
-
-
-_link: ChildLink | None = None
-
-
-def set_child_link(link: ChildLink) -> None:
-    global _link
-    _link = link
-
-
-def child_link() -> ChildLink:
-    """This instance process's link to the server (only inside an instance process)."""
-    if _link is None:
-        raise RuntimeError("not running inside a tritium instance process")
-    return _link

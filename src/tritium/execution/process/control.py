@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tritium.backends.python import model_control
 from tritium.core.errors import TritiumError
 from tritium.core.service import InferenceService
 from tritium.execution.process.wire import decode_error, encode_error
@@ -34,7 +33,8 @@ async def serve_load(ctx: CallContext, payload: Any, buffers: list[memoryview]) 
 
 
 async def serve_unload(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    await _answer(ctx, service_of(ctx).unload_model(payload, {}))
+    name, parameters = payload
+    await _answer(ctx, service_of(ctx).unload_model(name, parameters))
 
 
 async def serve_ready(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
@@ -60,7 +60,7 @@ HANDLERS: dict[str, Handler] = {LOAD: serve_load, UNLOAD: serve_unload, READY: s
 
 
 class RemoteControl:
-    """model_control.RemoteControl over the link; each call waits for the server."""
+    """The model control half of the remote server link; each call waits for the server."""
 
     def __init__(self, link: ChildLink):
         self._link = link
@@ -75,12 +75,9 @@ class RemoteControl:
     def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         self._call(LOAD, (name, parameters))
 
-    def unload_model(self, name: str) -> None:
-        self._call(UNLOAD, name)
+    def unload_model(self, name: str, parameters: dict[str, Any]) -> None:
+        self._call(UNLOAD, (name, parameters))
 
     def is_model_ready(self, name: str, version: int | None) -> bool:
         return bool(self._call(READY, (name, version)))
 
-
-def install(link: ChildLink) -> None:
-    model_control.install_remote(RemoteControl(link))

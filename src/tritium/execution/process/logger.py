@@ -72,7 +72,8 @@ class ForwardingHandler(logging.Handler):
             self._inside.active = False
 
 
-def install(link: ChildLink) -> None:
+def forward_logs(link: ChildLink) -> None:
+    """In the instance process: the server writes this process's log lines."""
     server_logger = logging.getLogger(SERVER_LOGGER)
     server_logger.addHandler(ForwardingHandler(link))
     server_logger.setLevel(logging.DEBUG)

@@ -132,6 +132,3 @@ class RemoteFamilies:
         registered, text = self._link.call(FAMILY, (name, description, int(kind))).result()[0]
         return RemoteFamily(self._link, name, text, MetricKind(registered))
 
-
-def install(link: ChildLink) -> None:
-    metric.install_remote(RemoteFamilies(link))

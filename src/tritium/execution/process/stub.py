@@ -26,6 +26,7 @@ from tritium.execution.placement import ThreadPlacement
 from tritium.execution.placement import current as current_placement
 from tritium.execution.placement import install as install_placement
 from tritium.execution.process import channel as ch
+from tritium.execution.process import logger
 from tritium.execution.process.channel import ChildLink, Frame
 from tritium.execution.process.flags import FlagView, SlotCancellation
 from tritium.execution.process.shm import ArenaReader, ArenaWriter, Mapping, Packed
@@ -213,24 +214,14 @@ def _first_frame(link: ChildLink) -> Frame:
     return frames[0]
 
 
-def _install_bridge(link: ChildLink) -> None:
-    """Child-side proxies of server calls (BLS, metrics, Logger: calls.py), if present."""
-    try:
-        from tritium.execution.process import calls
-    except ImportError:
-        return
-    install = getattr(calls, "install_child", None)
-    if install is not None:
-        install(link)
-
-
 def _load(link: ChildLink, info: InstanceInfo, config: Any) -> Any:
     from tritium.backends.python.errors import describe_exception
     from tritium.backends.python.loader import create_python_backend
+    from tritium.execution.process.remote import RemoteLink
 
     try:
-        # No server in this process: calls.py routes BLS and friends over the link.
-        return create_python_backend(info, config, None)  # type: ignore[arg-type]
+        # No server in this process: model code reaches it over the channel.
+        return create_python_backend(info, config, RemoteLink(link))
     except TritiumError as exc:
         link.send((ch.INIT_FAILED, exc.code.name, exc.message))
     except BaseException as exc:
@@ -242,7 +233,6 @@ def main() -> int:
     fds = [int(fd) for fd in os.environ.pop(ch.FDS_ENV).split(",")]
     sock_fd, down_fd, up_fd, flags_fd = fds
     link = ChildLink(socket.socket(fileno=sock_fd))
-    ch.set_child_link(link)
     try:
         _, fields, config_bytes, capacity, ring_bytes, slots, cores = _first_frame(link)
     except EOFError:
@@ -262,7 +252,7 @@ def main() -> int:
 
     config = model_config_pb2.ModelConfig()
     config.ParseFromString(config_bytes)
-    _install_bridge(link)
+    logger.forward_logs(link)
     # Not placed on the loop's home core between batches, as an instance thread is: that
     # rule exists because a thread shares the loop's GIL, which a process does not. A
     # process parked there stays there when execute widens it (a running thread is not
