@@ -18,7 +18,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import Any
 
 from tritium.core.cancellation import Cancellation, CancelReason
@@ -34,9 +33,13 @@ from tritium.core.response import (
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo
 from tritium.execution.instance import end_unstarted, settle
+from tritium.execution.process import calls
 from tritium.execution.process import channel as ch
-from tritium.execution.process.channel import CallContext, Frame, ParentChannel
+from tritium.execution.process import messages as msg
+from tritium.execution.process.channel import CallContext, ParentChannel
+from tritium.execution.process.codec import FrameError
 from tritium.execution.process.flags import FlagTable
+from tritium.execution.process.messages import EMPTY, ErrorBody
 from tritium.execution.process.shm import (
     DEFAULT_CAPACITY,
     RING_BYTES,
@@ -130,12 +133,13 @@ class ProcessInstance:
             os.close(down)
             os.close(up)
         self.pid = self._process.pid
-        self._channel = ParentChannel(self._loop, parent_sock, self._on_frame, self._on_eof)
+        self._channel = ParentChannel(self._loop, parent_sock, self._on_message, self._on_eof,
+                                      self._on_broken)
         self._loop.create_task(self._watch(self._process))
         placement = placement_module.current()
-        self._channel.send((ch.INIT, asdict(self.info), self.config.SerializeToString(),
-                            DEFAULT_CAPACITY, RING_BYTES, self._flags.slots,
-                            (placement.home, sorted(placement.everywhere))))
+        self._channel.send(msg.Init(self.info, self.config.SerializeToString(),
+                                    DEFAULT_CAPACITY, RING_BYTES, self._flags.slots,
+                                    sorted(placement.everywhere)))
         await asyncio.shield(self._ready)
 
     def submit(self, batch: list[AdmittedRequest]) -> None:
@@ -161,18 +165,27 @@ class ProcessInstance:
             core = request.request
             inputs = list(core.inputs.values())
             tensors.extend(inputs)
-            descs.append((slot, core.id, core.correlation_id, core.flags, core.timeout_us,
-                          core.parameters, core.requested_output_names(), core.model_name,
-                          len(inputs)))
+            descs.append(msg.RequestDesc(
+                slot, core.id, core.correlation_id, core.flags, core.timeout_us,
+                dict(core.parameters), core.requested_output_names(), core.model_name,
+                len(inputs)))
+        try:
+            packed = self._writer.pack(tensors)
+        except TritiumError as exc:  # too large for the arena and for a frame
+            for slot in slots:
+                self._release(slot)
+            self._fail(live, exc)
+            self._loop.call_soon(self._on_done, self, batch, -1, [])
+            return
         batch_id = next(_batch_ids)
         self._batches[batch_id] = _Batch(batch, slots)
-        self._channel.send((ch.EXECUTE, batch_id, descs, self._writer.pack(tensors)))
+        self._channel.send(msg.Execute(batch_id, descs, packed))
 
     def stop(self) -> None:
         """Ask the process to finalize the model and exit; see ``wait_stopped``."""
         self._stopping = True
         if self._channel is not None and not self._dead:
-            self._channel.send((ch.STOP,))
+            self._channel.send(msg.Stop())
 
     async def wait_stopped(self) -> None:
         if self._process is None:
@@ -199,61 +212,61 @@ class ProcessInstance:
                             f"Failed to process the request(s) for model '{self.info.model_name}'"
                             f", message: Stub process '{self.name}' is not healthy.")
 
-    # -- frames from the child -----------------------------------------------
-    def _on_frame(self, frame: Frame) -> None:
-        kind = frame[0]
-        if kind == ch.DONE:
-            self._done(frame[1], frame[2], frame[3], frame[4])
-        elif kind == ch.RESPONSES:
-            for slot, response in frame[1]:
-                self._deliver(slot, response)
-        elif kind == ch.CALL:
-            self._start_call(*frame[1:])
-        elif kind == ch.CALL_CANCEL:
-            entry = self._calls.get(frame[1])
+    # -- messages from the child ---------------------------------------------
+    def _on_message(self, message: Any) -> None:
+        kind = type(message)
+        if kind is msg.Done:
+            self._done(message)
+        elif kind is msg.Responses:
+            for body in message.items:
+                self._deliver(body)
+        elif kind is msg.Call:
+            self._start_call(message)
+        elif kind is msg.CallCancel:
+            entry = self._calls.get(message.call_id)
             if entry is not None:
                 entry[0].cancellation.cancel(CancelReason.CLIENT_CANCELLED)
-        elif kind == ch.READY:
-            self.decoupled, self.is_async = frame[1], frame[2]
+        elif kind is msg.Ready:
+            self.decoupled, self.is_async = message.decoupled, message.is_async
             settle(self._ready, None)
-        elif kind == ch.INIT_FAILED:
-            settle(self._ready, TritiumError(ErrorCode[frame[1]], frame[2]))
+        elif kind is msg.InitFailed:
+            settle(self._ready, message.error.error())
+        elif kind is not msg.Stopped:
+            raise FrameError(f"an instance process does not send {kind.__name__}")
 
-    def _deliver(self, slot: int, packed: tuple[Any, ...]) -> None:
-        pending = self._pending.get(slot)
+    def _deliver(self, body: msg.ResponseBody) -> None:
+        pending = self._pending.get(body.slot)
         if pending is None:
             return
-        final, flag_only, error, parameters, tensors = packed
-        if flag_only:
+        if body.flag_only:
             response = InferenceResponse.final_flag()
-        elif error is not None:
-            response = InferenceResponse(error=TritiumError(ErrorCode[error[0]], error[1]),
-                                         final=final)
+        elif body.error is not None:
+            response = InferenceResponse(error=body.error.error(), final=body.final)
         else:
             assert self._reader is not None
+            tensors = body.tensors or EMPTY
             response = InferenceResponse(outputs=self._reader.unpack(tensors),
-                                         parameters=parameters, final=final)
+                                         parameters=body.parameters or {}, final=body.final)
         try:
             pending.request.stream.send_nowait(response)
         except StreamClosedError:
             log.error("instance %s: a response after the final one was dropped", self.name)
-        if final:
+        if body.final:
             pending.final = True
             if pending.batch_done:
-                self._release(slot)
+                self._release(body.slot)
 
-    def _done(self, batch_id: int, elapsed: int, responses: list[Any],
-              released: list[tuple[int, int]]) -> None:
-        for slot, flags in released:
-            pending = self._pending.get(slot)
+    def _done(self, done: msg.Done) -> None:
+        for released in done.released:
+            pending = self._pending.get(released.slot)
             if pending is not None:
-                pending.request.release_flags = flags
+                pending.request.release_flags = released.flags
         # The responses execute returned wake when on_done says (as an instance thread's
         # do: the scheduler may hold them back to keep the dispatch order).
         with DeferredWakes() as woken:
-            for slot, response in responses:
-                self._deliver(slot, response)
-        entry = self._batches.pop(batch_id, None)
+            for body in done.responses:
+                self._deliver(body)
+        entry = self._batches.pop(done.batch_id, None)
         if entry is None:
             wake_all(woken)
             return
@@ -263,31 +276,28 @@ class ProcessInstance:
                 pending.batch_done = True
                 if pending.final:
                     self._release(slot)
-        self._on_done(self, entry.batch, elapsed, woken)
+        self._on_done(self, entry.batch, done.elapsed_ns, woken)
 
     def _release(self, slot: int) -> None:
         del self._pending[slot]
         self._flags.release(slot)
 
     # -- calls the child makes -------------------------------------------------
-    def _start_call(self, call_id: int, kind: str, payload: object, packed: Any,
-                    slots: list[int]) -> None:
+    def _start_call(self, call: msg.Call) -> None:
         assert self._reader is not None
-        buffers = self._reader.unpack_buffers(packed)
-        parents = [self._pending[s].request for s in slots if s in self._pending]
-        context = CallContext(self, call_id, parents, self._send_reply, Cancellation(self._loop))
-        task = self._loop.create_task(self._run_call(context, kind, payload, buffers))
-        self._calls[call_id] = (context, task)
+        if call.call_id in self._calls:
+            raise FrameError(f"call {call.call_id} was started twice")
+        buffers = self._reader.unpack_buffers(call.buffers)
+        parents = [self._pending[s].request for s in call.parents if s in self._pending]
+        context = CallContext(self, call.call_id, parents, self._send_reply,
+                              Cancellation(self._loop))
+        task = self._loop.create_task(self._run_call(context, call.kind, call.payload, buffers))
+        self._calls[call.call_id] = (context, task)
 
     async def _run_call(self, context: CallContext, kind: str, payload: object,
                         buffers: list[memoryview]) -> None:
         try:
-            from tritium.execution.process import calls  # BRIDGE's registry
-            handlers = getattr(calls, "HANDLERS", {})
-        except ImportError:
-            handlers = {}
-        try:
-            handler = handlers.get(kind)
+            handler = calls.HANDLERS.get(kind)
             if handler is None:
                 raise TritiumError(ErrorCode.UNSUPPORTED, f"no handler for call '{kind}'")
             await handler(context, payload, buffers)
@@ -296,7 +306,7 @@ class ProcessInstance:
         except Exception as exc:
             if not context.finished and self._channel is not None:
                 context.finished = True
-                self._channel.send((ch.REPLY_ERROR, context.call_id, ch.encode_error(exc)))
+                self._channel.send(msg.ReplyError(context.call_id, ErrorBody.of(exc)))
         finally:
             self._calls.pop(context.call_id, None)
 
@@ -305,8 +315,16 @@ class ProcessInstance:
         if self._channel is None or self._dead:
             return
         assert self._writer is not None
-        packed = self._writer.pack_buffers(buffers) if buffers else ch.EMPTY
-        self._channel.send((ch.REPLY, call_id, payload, packed, final))
+        packed = self._writer.pack_buffers(buffers) if buffers else EMPTY
+        self._channel.send(msg.Reply(call_id, payload, packed, final))
+
+    # -- a broken or hostile child ----------------------------------------------
+    def _on_broken(self, reason: str) -> None:
+        """The child sent what no instance process may: it ends now (and is restarted)."""
+        log.error("instance process %s (pid %s) of model '%s' is ended: %s", self.name,
+                  self.pid, self.info.model_name, reason)
+        self.kill()
+        self._gone()
 
     # -- the end -------------------------------------------------------------
     def _on_eof(self) -> None:
