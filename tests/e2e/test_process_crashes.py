@@ -194,9 +194,8 @@ def _children(pid: int) -> list[int]:
 def test_no_instance_process_or_pool_worker_outlives_a_sigkilled_server(
         tmp_path: Path) -> None:
     """A model with a multiprocessing.Pool forks only its own process (the workers'
-    parent is the instance process, not the server); SIGKILL the server and the instance
-    process (PR_SET_PDEATHSIG, end of file on its link) and its workers (they watch the
-    process that forked them) are all gone."""
+    parent is the instance process, not the server); SIGKILL the server and the guardian,
+    the instance process and its workers are all gone (guardian.py)."""
     record = tmp_path / "pool.jsonl"
     add_model(tmp_path / "repo", "pool", "pool",
               _tensor("input", "INPUT0", "FP32", "3") + _tensor("output", "OUTPUT0", "FP32", "3")
@@ -209,11 +208,12 @@ def test_no_instance_process_or_pool_worker_outlives_a_sigkilled_server(
                               timeout=60)
         assert reply.json()["outputs"][0]["data"] == [1, 4, 9]
         seen = json.loads(record.read_text().splitlines()[-1])
-        assert seen["ppid"] == server.pid  # the instance is the server's child...
+        # The instance is the child of its guardian, the server's child...
+        assert set(_children(server.pid)) == {seen["ppid"]}
+        assert set(_children(seen["ppid"])) == {seen["pid"]}
         assert seen["worker_parents"] == [seen["pid"]]  # ...and the workers are its own
-        doomed = [seen["pid"], *seen["workers"]]
+        doomed = [seen["ppid"], seen["pid"], *seen["workers"]]
         assert all(_alive(pid) for pid in doomed)
-        assert set(_children(server.pid)) == {seen["pid"]}
     finally:
         server.signal(signal.SIGKILL)
         server.wait(30)

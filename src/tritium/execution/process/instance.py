@@ -51,14 +51,15 @@ from tritium.execution.process.shm import (
 
 log = logging.getLogger("tritium.execution")
 
-STUB_MODULE = "tritium.execution.process.stub"
-PARENT_PID_ENV = "TRITIUM_PARENT_PID"  # death.py: the pid the child must not outlive
+# The process the server starts: the guardian, which forks the instance process (stub).
+LAUNCH_MODULE = "tritium.execution.process.guardian"
+PARENT_PID_ENV = "TRITIUM_PARENT_PID"  # guardian.py: the pid it must not outlive
 DoneCallback = Callable[[Any, list[AdmittedRequest], int, list[ResponseStream]], None]
 _batch_ids = itertools.count(1)
 
 
 def default_command(info: InstanceInfo) -> list[str]:
-    return [sys.executable, "-m", STUB_MODULE]
+    return [sys.executable, "-m", LAUNCH_MODULE]
 
 
 class _Pending:
@@ -203,8 +204,10 @@ class ProcessInstance:
         return not self._dead
 
     def kill(self) -> None:
+        """End the instance process and everything it started, at once (the guardian
+        SIGKILLs the whole tree when it is asked to end)."""
         if self._process is not None and self.returncode is None:
-            self._process.kill()
+            self._process.terminate()
 
     def crash_error(self) -> TritiumError:
         """What the requests in flight get when the process is gone (Triton's words)."""
@@ -228,6 +231,7 @@ class ProcessInstance:
                 entry[0].cancellation.cancel(CancelReason.CLIENT_CANCELLED)
         elif kind is msg.Ready:
             self.decoupled, self.is_async = message.decoupled, message.is_async
+            self.pid = message.pid  # what logs name: the process that runs model code
             settle(self._ready, None)
         elif kind is msg.InitFailed:
             settle(self._ready, message.error.error())

@@ -13,7 +13,7 @@ from tritium.execution.kinds import InstanceSpec
 from tritium.execution.placement import current
 from tritium.execution.process import death, environment
 from tritium.execution.process.environment import ExecutionEnvironment
-from tritium.execution.process.instance import STUB_MODULE, ProcessInstance
+from tritium.execution.process.instance import LAUNCH_MODULE, ProcessInstance
 from tritium.execution.process.supervisor import (
     ProcessDone,
     SlotDone,
@@ -59,7 +59,7 @@ def supervised_instance(info: InstanceInfo, config: Any, loop: asyncio.AbstractE
         process = ProcessInstance(info, config, loop, done, service)
         env = chosen[0] if chosen else None
         if env is not None:
-            process.spawn_command = lambda _info: env.command(STUB_MODULE, [])
+            process.spawn_command = lambda _info: env.command(LAUNCH_MODULE, [])
         process.spawn_env = lambda base: _spawn_env(base, env)
         return process
 

@@ -148,6 +148,7 @@ class ReplyError:
 class Ready:
     decoupled: bool
     is_async: bool
+    pid: int  # the instance process's own (the server started its guardian)
 
 
 @message(11)

@@ -273,7 +273,7 @@ def main() -> int:
     if backend is None:
         return 0
     server = InstanceServer(link, backend, flags)
-    link.send(msg.Ready(backend.decoupled, backend.is_async))
+    link.send(msg.Ready(backend.decoupled, backend.is_async, os.getpid()))
     if backend.is_async:
         server.serve_async()
     else:
