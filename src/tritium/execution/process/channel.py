@@ -67,7 +67,8 @@ class ParentChannel:
         self._flush_pending = False
         self._writing = False
         self._reading = True
-        self._full_since = 0.0  # when the frames waiting began to exceed a turn (0: they do not)
+        self._full_since = 0.0  # since when every read brought more than a turn's frames
+        self._paused = False  # the frames of the current read needed more than one turn
         self.closed = False
         loop.add_reader(self._fd, self._readable)
 
@@ -122,6 +123,7 @@ class ParentChannel:
             self._on_eof()
             return
         self._frames.feed(self._view[:count])
+        self._paused = False
         self._drain()
 
     def _drain(self) -> None:
@@ -141,17 +143,28 @@ class ParentChannel:
             return
         if more:
             self._pause()
-        else:
-            self._resume()
+            return
+        # A read whose frames all fit one turn: the child is not flooding. Only reads that
+        # each need more turns than one, back to back for flood_s, are a flood.
+        if not self._paused:
+            self._full_since = 0.0
+        self._resume()
 
-    def _pause(self) -> None:
-        """More than a turn's frames wait: handle them next turn, read nothing meanwhile."""
+    def _flooding(self) -> bool:
+        """Whether the channel has been full for longer than ``flood_s`` (then it ends)."""
         now = time.monotonic()
         if not self._full_since:
             self._full_since = now
         elif now - self._full_since > self._flood_s:
-            self._broken(f"it kept its channel full for over {self._flood_s:.0f} s (a flood "
+            self._broken(f"it kept its channel full for over {self._flood_s:g} s (a flood "
                          "of frames)")
+            return True
+        return False
+
+    def _pause(self) -> None:
+        """More than a turn's frames wait: handle them next turn, read nothing meanwhile."""
+        self._paused = True
+        if self._flooding():
             return
         if self._reading:
             self._reading = False
@@ -159,7 +172,6 @@ class ParentChannel:
         self._loop.call_soon(self._drain)
 
     def _resume(self) -> None:
-        self._full_since = 0.0
         if not self._reading:
             self._reading = True
             self._loop.add_reader(self._fd, self._readable)

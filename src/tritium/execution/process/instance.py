@@ -327,8 +327,7 @@ class ProcessInstance:
         """The child sent what no instance process may: it ends now (and is restarted)."""
         log.error("instance process %s (pid %s) of model '%s' is ended: %s", self.name,
                   self.pid, self.info.model_name, reason)
-        self.kill()
-        self._gone()
+        self.kill()  # its exit (``_watch``) answers what it held
 
     # -- the end -------------------------------------------------------------
     def _on_eof(self) -> None:
