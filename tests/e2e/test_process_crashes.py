@@ -236,3 +236,25 @@ def test_unload_and_shutdown_stop_the_instance_processes(tmp_path: Path) -> None
         assert server.stop() == 0, server.log()
     assert not _alive(second)
     assert "it will be restarted" not in server.log()
+
+
+def _held(pid: int) -> tuple[int, int]:
+    """The server's open descriptors, and its mappings of the arenas it writes to its
+    instances (those from an instance live on while a response tensor views them)."""
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/maps") as f:
+        arenas = sum(1 for line in f if "memfd:tritium-" in line and "-in " in line)
+    return fds, arenas
+
+
+def test_a_dead_instance_releases_its_descriptors_and_arenas_at_once(
+        server: TritiumProcess) -> None:
+    pid_of(server, "crash")
+    fds, arenas = _held(server.pid)
+    for _ in range(3):
+        before = pid_of(server, "crash")
+        infer(server, "crash", 2)
+        wait_until(lambda b=before: bool(ready(server, "crash") and pid_of(server, "crash") != b))
+    after_fds, after_arenas = _held(server.pid)
+    assert after_arenas <= arenas, (arenas, after_arenas)
+    assert after_fds <= fds + 2, (fds, after_fds)  # a connection or two of this test

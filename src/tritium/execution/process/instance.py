@@ -340,11 +340,22 @@ class ProcessInstance:
         if self._channel is not None:
             self._channel.close()
         self._flags.close()
+        self._release_arenas()
         settle(self._ready, TritiumError(
             ErrorCode.INTERNAL, f"instance process of '{self.name}' exited ({code}) "
             "before the model was initialized"))
         if not self._exited.done():
             self._exited.set_result(code)
+
+    def _release_arenas(self) -> None:
+        """Unmap now what nothing reads any more: the arena to the child at once, the one
+        from it once the last response tensor that views it is gone (not at a cyclic GC:
+        the channel's callbacks, which name this object, go with it)."""
+        for arena in (self._writer, self._reader):
+            if arena is not None:
+                arena.close()
+        self._writer = self._reader = None
+        self._channel = None
 
     def _gone(self) -> None:
         """The child is gone: what it held fails now, every batch is reported done."""

@@ -16,6 +16,7 @@ the message instead (a second copy).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import mmap
 import os
@@ -63,7 +64,13 @@ class Mapping:
         self.size = size
         self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
-        self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
+        self.bytes: np.ndarray | None = np.frombuffer(self.mm, dtype=np.uint8)
+
+    def close(self) -> None:
+        """Unmap, unless views of it are still alive (then the last one unmaps it)."""
+        self.bytes = None
+        with contextlib.suppress(BufferError):
+            self.mm.close()
 
 
 class _Block:
@@ -183,6 +190,9 @@ class ArenaWriter:
             del free[index]
         free.insert(index, (offset, size))
 
+    def close(self) -> None:
+        self._map.close()
+
     # -- packing -------------------------------------------------------------
     def pack(self, tensors: Sequence[CoreTensor]) -> Packed:
         """Copy ``tensors`` into one block (inline bytes when no block fits)."""
@@ -243,6 +253,9 @@ class ArenaReader:
 
     def __init__(self, mapping: Mapping) -> None:
         self._map = mapping
+
+    def close(self) -> None:
+        self._map.close()
 
     def block(self, offset: int, nbytes: int) -> np.ndarray:
         size = self._map.size
