@@ -247,6 +247,10 @@ def _held(pid: int) -> tuple[int, int]:
     return fds, arenas
 
 
+def _restarted(server: TritiumProcess, before: int) -> Callable[[], bool]:
+    return lambda: ready(server, "crash") and pid_of(server, "crash") != before
+
+
 def test_a_dead_instance_releases_its_descriptors_and_arenas_at_once(
         server: TritiumProcess) -> None:
     pid_of(server, "crash")
@@ -254,7 +258,7 @@ def test_a_dead_instance_releases_its_descriptors_and_arenas_at_once(
     for _ in range(3):
         before = pid_of(server, "crash")
         infer(server, "crash", 2)
-        wait_until(lambda b=before: bool(ready(server, "crash") and pid_of(server, "crash") != b))
+        wait_until(_restarted(server, before))
     after_fds, after_arenas = _held(server.pid)
     assert after_arenas <= arenas, (arenas, after_arenas)
     assert after_fds <= fds + 2, (fds, after_fds)  # a connection or two of this test
