@@ -3,8 +3,10 @@ with the server, even when the server is SIGKILLed (the instance's PID namespace
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -108,3 +110,31 @@ def test_no_child_of_a_model_survives_its_instance(tmp_path: Path) -> None:
         assert server.proc is not None and server.proc.poll() is None  # unharmed
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_a_fork_of_a_thread_instance_holds_no_listener(tmp_path: Path) -> None:
+    """Model code on a thread of the server forks: the fork outlives the server, yet the
+    ports are free at once for the next server."""
+    add_model(tmp_path / "repo", "forker", "forker",
+              IO + _parameter("TRITIUM_INSTANCE_KIND", "thread"))
+    server = TritiumProcess(tmp_path / "repo").start()
+    fork = 0
+    try:
+        body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32",
+                            "data": [0]}]}
+        reply = requests.post(f"http://{server.http_url}/v2/models/forker/infer", json=body,
+                              timeout=120)
+        fork = int(reply.json()["outputs"][0]["data"][0])
+        assert _alive(fork)
+        ports = [int(url.rsplit(":", 1)[1]) for url in (server.http_url, server.grpc_url)]
+    finally:
+        assert server.stop() == 0, server.log()
+    try:
+        for port in ports:
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(("127.0.0.1", port))  # EADDRINUSE while a fork listens
+                probe.listen()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(fork, signal.SIGKILL)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import InferenceResponse, ResponseStream
+from tritium.execution import forks
 from tritium.execution.backend import InstanceInfo, ModelBackend
 from tritium.execution.kinds import DoneCallback, InstanceSpec
 from tritium.execution.placement import ThreadPlacement, current
@@ -33,6 +34,8 @@ def build(spec: InstanceSpec) -> ThreadInstance:
     through the link in this process."""
     def create(info: InstanceInfo) -> ModelBackend:
         return spec.create_backend(info, spec.config, spec.link)
+
+    forks.install()  # model code shares this process: its forks must not carry the server
 
     return ThreadInstance(spec.info, create, spec.loop, spec.on_done)
 
