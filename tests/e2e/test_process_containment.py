@@ -138,3 +138,22 @@ def test_a_fork_of_a_thread_instance_holds_no_listener(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(fork, signal.SIGKILL)
+
+
+def test_bls_from_a_models_multiprocessing_workers(tmp_path: Path) -> None:
+    """Triton's test_multiprocess: Pool(10) workers forked by execute() each run BLS."""
+    repo = tmp_path / "repo"
+    add_model(repo, "identity_fp32", "identity", IO + PROCESS)
+    add_model(repo, "bls_multiprocess", "bls_multiprocess",
+              IO + PROCESS + _parameter("target", "identity_fp32"))
+    server = TritiumProcess(repo).start()
+    try:
+        body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32",
+                            "data": [0]}]}
+        for _ in range(2):
+            reply = requests.post(f"http://{server.http_url}/v2/models/bls_multiprocess/infer",
+                                  json=body, timeout=120)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["outputs"][0]["data"] == [10]
+    finally:
+        assert server.stop() == 0, server.log()

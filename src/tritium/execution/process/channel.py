@@ -310,7 +310,7 @@ class ChildLink:
         self._reading = False
         self._frames = FrameReader()
         self._buffer = bytearray(_READ_SIZE)
-        self._calls: dict[int, Call] = {}
+        self._calls: dict[int, Any] = {}  # Call, or a fork's relayed call
         self._next_call = 0
         self.closed = False
         # Set by the stub: what to do with messages that are not replies, and the arenas.
@@ -348,6 +348,20 @@ class ChildLink:
                 call._deliver(CallFailed(f"the server is gone: {exc}"))
         return call
 
+    def relay(self, call: msg.Call, relayed: Any) -> int:
+        """Send a call a fork of the model made (forked.py) as one of ours; its replies go
+        to ``relayed.forward`` as they come, their tensors unread. Returns its id here."""
+        with self.condition:
+            self._next_call += 1
+            call_id = self._next_call
+            self._calls[call_id] = relayed
+        self.send(msg.Call(call_id, call.kind, call.payload, call.buffers, []))
+        # The instance's own threads may all be busy elsewhere (execute waits on the pool):
+        # a thread waits for the replies, reading whenever no other thread does.
+        threading.Thread(target=self._read_until, args=(lambda: call_id not in self._calls,),
+                         daemon=True, name="tritium-relay-reader").start()
+        return call_id
+
     def close(self) -> None:
         self._sock.close()
 
@@ -369,9 +383,11 @@ class ChildLink:
             self._read_once()
 
     def ensure_reading(self, ready: Callable[[], bool]) -> None:
-        """Make sure some thread reads until ``ready()``: start one if none does."""
+        """Make sure some thread reads until ``ready()``: one that waits for it and reads
+        whenever no other thread does (the one reading now may stop once it has its own
+        answer)."""
         with self.condition:
-            if self._reading or ready():
+            if ready():
                 return
         threading.Thread(target=self._read_until, args=(ready,), daemon=True,
                          name="tritium-call-reader").start()
@@ -408,7 +424,8 @@ class ChildLink:
             if not count:
                 self.closed = True
                 for call in self._calls.values():
-                    call._deliver(EOFError("the server closed the channel"))
+                    if isinstance(call, Call):
+                        call._deliver(EOFError("the server closed the channel"))
                 self._calls.clear()
             for message in messages:
                 if type(message) in (msg.Reply, msg.ReplyError):
@@ -420,6 +437,11 @@ class ChildLink:
     def _reply(self, message: msg.Reply | msg.ReplyError) -> None:
         call = self._calls.get(message.call_id)
         if call is None:
+            return
+        if not isinstance(call, Call):  # a fork's (forked.py): passed on as it came
+            if isinstance(message, msg.ReplyError) or message.final:
+                del self._calls[message.call_id]
+            call.forward(message)
             return
         if isinstance(message, msg.ReplyError):
             del self._calls[message.call_id]

@@ -23,6 +23,10 @@ class RemoteLink:
     """``backends.python.link.ServerLink`` over an instance process's channel."""
 
     def __init__(self, link: ChildLink) -> None:
+        self.rebind(link)
+
+    def rebind(self, link: ChildLink) -> None:
+        """Go through ``link`` from now on (a fork of the model gets a link of its own)."""
         self._bls = RemoteBls(link)
         self._control = RemoteControl(link)
         self._families = RemoteFamilies(link)

@@ -229,6 +229,17 @@ class ArenaWriter:
         return self.pack(tensors)
 
 
+class InlineWriter(ArenaWriter):
+    """A writer with no arena of its own: tensors travel inside the message (what a
+    process forked by model code sends, through its instance process, to the server)."""
+
+    def __init__(self) -> None:  # no mapping: nothing to allocate from
+        self._lock = threading.Lock()
+
+    def allocate(self, nbytes: int) -> int:
+        return -1
+
+
 def _source(tensor: CoreTensor) -> Any:
     """What is copied: the C-contiguous array itself, or BYTES serialized."""
     if tensor.datatype is DataType.BYTES:

@@ -221,14 +221,12 @@ def _first_message(link: ChildLink) -> Any:
     return messages[0]
 
 
-def _load(link: ChildLink, info: InstanceInfo, config: Any) -> Any:
+def _load(link: ChildLink, info: InstanceInfo, config: Any, remote: Any) -> Any:
     from tritium.backends.python.errors import describe_exception
     from tritium.backends.python.loader import create_python_backend
-    from tritium.execution.process.remote import RemoteLink
-
     try:
         # No server in this process: model code reaches it over the channel.
-        return create_python_backend(info, config, RemoteLink(link))
+        return create_python_backend(info, config, remote)
     except TritiumError as exc:
         link.send(msg.InitFailed(ErrorBody.of(exc)))
     except BaseException as exc:
@@ -269,7 +267,12 @@ def main() -> int:
     placement = ThreadPlacement(None, frozenset(init.cores))
     install_placement(placement)
     placement.release()
-    backend = _load(link, info, config)
+    from tritium.execution.process import forked
+    from tritium.execution.process.remote import RemoteLink
+
+    remote = RemoteLink(link)
+    forked.install(link, remote.rebind)  # BLS from the model's multiprocessing workers
+    backend = _load(link, info, config, remote)
     if backend is None:
         return 0
     server = InstanceServer(link, backend, flags)
