@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2
-
 from tritium.core.cancellation import CancelReason
+from tritium.core.config_pb import model_config_pb2
 from tritium.core.errors import TritiumError
 from tritium.core.inflight import InFlight
 from tritium.core.request import AdmittedRequest

@@ -75,10 +75,9 @@ def main() -> int:
     from tritium.execution.process import death
 
     death.die_with_parent(None)
-    from tritonclient.grpc import model_config_pb2
-
     from tritium.backends.python.errors import describe_exception
     from tritium.backends.python.loader import auto_complete_config
+    from tritium.core.config_pb import model_config_pb2
 
     config = model_config_pb2.ModelConfig()
     config.ParseFromString(sys.stdin.buffer.read())

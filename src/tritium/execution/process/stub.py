@@ -255,7 +255,7 @@ def main() -> int:
         os.close(fd)  # mapped: the mappings stay, and forks of the model inherit nothing
     death.become_instance_process(version_dir, info.model_repository, [sock_fd])
     link.parent_slots = _parent_slots
-    from tritonclient.grpc import model_config_pb2
+    from tritium.core.config_pb import model_config_pb2
 
     config = model_config_pb2.ModelConfig()
     config.ParseFromString(init.config)
