@@ -7,7 +7,7 @@ decoupled rules are the same. The child request's cancellation follows the reque
 calling ``execute`` runs (``Cancellation.following``: with several, once all of them are
 cancelled), and the call's own cancellation (``ResponseIterator.cancel()``, a cancelled
 ``async_exec`` future, the instance going away) cancels it too. Tensors travel as buffers
-(wire.py), never pickled.
+(wire.py), never through the codec.
 """
 
 from __future__ import annotations

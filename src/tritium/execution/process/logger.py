@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 LOG = "log"
 
 # The record's attributes that formatters read; the message is sent formatted, since its
-# arguments may not pickle.
+# arguments may be anything (the codec carries plain values only).
 _FIELDS = ("name", "levelno", "levelname", "pathname", "filename", "module", "lineno",
            "funcName", "created", "msecs", "relativeCreated", "thread", "threadName",
            "process", "processName", "stack_info")

@@ -1,5 +1,6 @@
-"""Core requests, responses and errors as a call's payload (small, picklable metadata) plus
-its buffers (each tensor's bytes), so that tensor data never goes through a pickle.
+"""Core requests, responses and errors as a call's payload (small plain values, in the
+channel's codec) plus its buffers (each tensor's bytes), so that tensor data never goes
+through the codec.
 
 Fixed-size tensors travel as their raw little-endian bytes and come back as numpy views of
 the received buffer; BYTES tensors in Triton's length-prefixed layout; BF16 as its 16-bit
