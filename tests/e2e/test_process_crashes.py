@@ -262,3 +262,27 @@ def test_a_dead_instance_releases_its_descriptors_and_arenas_at_once(
     after_fds, after_arenas = _held(server.pid)
     assert after_arenas <= arenas, (arenas, after_arenas)
     assert after_fds <= fds + 2, (fds, after_fds)  # a connection or two of this test
+
+
+def test_a_model_whose_initialize_keeps_failing_is_given_up_with_its_reason(
+        tmp_path: Path) -> None:
+    add_model(tmp_path / "repo", "fragile", "init_fails_after_crash", IO + PROCESS)
+    server = TritiumProcess(tmp_path / "repo").start()
+    try:
+        assert infer(server, "fragile", 0)[0] == 200
+        infer(server, "fragile", 1)  # dies; every restart's initialize fails from now on
+
+        def given_up() -> bool:
+            reply = requests.post(f"http://{server.http_url}/v2/repository/index",
+                                  json={}, timeout=30)
+            (row,) = reply.json()
+            return row.get("state") == "UNAVAILABLE"
+        wait_until(given_up, timeout=60)
+        (row,) = requests.post(f"http://{server.http_url}/v2/repository/index", json={},
+                               timeout=30).json()
+        assert "dependency is gone" in row["reason"] and "not restarted again" in row["reason"]
+        status, body = infer(server, "fragile", 0)
+        assert status != 200 and "dependency is gone" in body["error"], body
+        assert requests.get(f"http://{server.http_url}/v2/health/live", timeout=30).ok
+    finally:
+        assert server.stop() == 0, server.log()

@@ -177,6 +177,9 @@ class EnsembleModel:
     def in_flight(self) -> int:
         return len(self._admitted)
 
+    def unavailable_reason(self) -> str | None:
+        return None  # its composing models say for themselves
+
     async def drain(self, timeout_s: float) -> int:
         """Stop admitting, give admitted requests ``timeout_s`` to finish, then cancel the
         rest with reason UNLOADED. Returns how many were cancelled."""

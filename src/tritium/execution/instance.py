@@ -45,6 +45,7 @@ class ThreadInstance:
 
     ready = True
     restarts = 0
+    failure = None  # a thread instance that failed never started: its load failed
 
     def __init__(
         self,

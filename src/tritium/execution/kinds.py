@@ -51,6 +51,10 @@ class Instance(Protocol):
     @property
     def restarts(self) -> int: ...
 
+    @property
+    def failure(self) -> TritiumError | None:
+        """Why this instance gave up coming back (None while it serves or may)."""
+
     async def start(self) -> None: ...
 
     def submit(self, batch: list[AdmittedRequest]) -> None: ...

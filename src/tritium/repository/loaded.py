@@ -84,6 +84,13 @@ class LoadedModel:
     def statistics(self) -> ModelStatistics:
         return self.scheduler.stats
 
+    def unavailable_reason(self) -> str | None:
+        """Why this loaded version cannot serve: every instance gave up restarting."""
+        failures = [i.failure for i in self.instances]
+        if not failures or any(f is None for f in failures):
+            return None
+        return failures[0].message if failures[0] is not None else None
+
     def instance_restarts(self) -> dict[str, int]:
         """Restarts of each instance, by instance name (metrics read it)."""
         return {i.name: i.restarts for i in self.instances}

@@ -510,10 +510,10 @@ class ModelManager(DependencyRules):
                     rows.append(IndexEntry(name, None, ModelState.UNAVAILABLE, entry.reason))
                 continue
             for version in sorted(entry.versions):
-                slot = entry.versions[version]
-                if ready_only and slot.state is not ModelState.READY:
+                state, reason = _state_of(entry.versions[version])
+                if ready_only and state is not ModelState.READY:
                     continue
-                rows.append(IndexEntry(name, version, slot.state, slot.reason))
+                rows.append(IndexEntry(name, version, state, reason))
         return rows
 
     def is_ready(self) -> bool:
@@ -523,7 +523,8 @@ class ModelManager(DependencyRules):
             if not entry.versions and entry.reason not in ("", UNLOADED):
                 return False
             for slot in entry.versions.values():
-                if slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED:
+                state, reason = _state_of(slot)
+                if state is ModelState.UNAVAILABLE and reason != UNLOADED:
                     return False
         return True
 
@@ -547,3 +548,13 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, TritiumError):
         return exc.message
     return f"{type(exc).__name__}: {exc}"
+
+
+def _state_of(slot: VersionEntry) -> tuple[ModelState, str]:
+    """A slot's state and reason; a READY version whose instances all gave up restarting
+    is UNAVAILABLE with their reason."""
+    if slot.state is ModelState.READY and slot.model is not None:
+        reason = slot.model.unavailable_reason()
+        if reason is not None:
+            return ModelState.UNAVAILABLE, reason
+    return slot.state, slot.reason

@@ -23,6 +23,9 @@ class ServedVersion(ModelHandle, Protocol):
 
     def in_flight(self) -> int: ...
 
+    def unavailable_reason(self) -> str | None:
+        """Why a version that loaded can no longer serve (None: it can)."""
+
     async def drain(self, timeout_s: float) -> int: ...
 
 

@@ -149,10 +149,9 @@ class SupervisedInstance:
     def submit(self, batch: list[AdmittedRequest]) -> None:
         process = self._process
         if self.failure is not None:
-            # Given up: each request is answered why at once, and the slot stays free so
-            # the scheduler's queue drains to it instead of waiting.
-            self._fail([batch], self.failure)
-            self._loop.call_soon(self._on_done, self, batch, -1, [])
+            # Given up: each request is answered why at once (once the scheduler is done
+            # handing it over), and the slot stays free so the queue drains to it.
+            self._loop.call_soon(self._refuse, batch, self.failure)
             return
         if not self._up or process is None:
             # Only a scheduler that ignored our busy slot gets here; answer, do not lose it.
@@ -254,6 +253,10 @@ class SupervisedInstance:
             self._report_deferred()
             return True
         return False
+
+    def _refuse(self, batch: list[AdmittedRequest], error: TritiumError) -> None:
+        self._fail([batch], error)
+        self._on_done(self, batch, -1, [])
 
     def _give_up(self, exc: Exception, failed: int) -> None:
         reason = exc.message if isinstance(exc, TritiumError) else str(exc)
