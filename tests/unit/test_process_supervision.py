@@ -409,11 +409,11 @@ async def test_a_slot_whose_starts_keep_failing_gives_up_and_answers_why(
     assert slot.done == [(batch, -1)]  # the slot is free again: its queue is not held
     late = [_request(loop, "late")]
     slot.instance.submit(late)
+    await asyncio.sleep(0.01)  # answered once the scheduler's hand-over is done
     answer = _answer(late[0])
     assert answer.error is not None and answer.error.code is ErrorCode.UNAVAILABLE
     assert "initialize failed" in answer.error.message
     assert "not restarted again" in caplog.text
-    await asyncio.sleep(0.01)
     assert slot.done[-1] == (late, -1)
     slot.instance.stop()
     await slot.instance.wait_stopped()
