@@ -62,7 +62,7 @@ class ServerConfig:
     grpc_limits: GrpcLimitSettings = field(default_factory=GrpcLimitSettings)
     cpu_cores: frozenset[int] | None = None
     python_threads_core: str = "auto"  # see execution/placement.py
-    python_instance_kind: str = "thread"  # see execution/process/choice.py
+    python_instance_kind: str = "thread"  # see execution/kinds.py
     # Access control: groups served only with a header (core/restrictions.py), and TLS.
     http_restricted_apis: tuple[Restriction, ...] = ()
     grpc_restricted_protocols: tuple[Restriction, ...] = ()

@@ -22,8 +22,8 @@ from tritium.core.shared_memory import SharedMemoryRegistry, extensions
 from tritium.ensemble.handle import EnsembleModel
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.execution import placement as placement_module
-from tritium.execution.backend import InstanceInfo, ModelBackend
-from tritium.execution.process import choice as instance_choice
+from tritium.execution.kinds import InstanceBuilder
+from tritium.execution.process import shm as process_shm
 from tritium.frontends.grpc import restricted as grpc_restricted
 from tritium.frontends.grpc.call import GrpcLimits
 from tritium.frontends.grpc.flood import FloodLimits
@@ -113,13 +113,14 @@ def _place_threads(loop: asyncio.AbstractEventLoop) -> None:
 
 def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
                 shared_memory: SharedMemoryRegistry) -> tuple[InferenceService, ModelManager]:
+    from tritium.backends.python.link import LocalLink
     from tritium.backends.python.loader import auto_complete_config, create_python_backend
 
     service: InferenceService | None = None
-
-    def create_backend(info: InstanceInfo, model_config: Any) -> ModelBackend:
-        assert service is not None
-        return create_python_backend(info, model_config, service)
+    arena = config.process_arena  # --backend-config=python,shm-...
+    process_shm.configure(arena.ring_bytes, arena.name_prefix)
+    instances = InstanceBuilder(config.python_instance_kind, create_python_backend,
+                                auto_complete_config)
 
     cache = ResponseCache(config.cache_bytes) if config.cache_bytes is not None else None
 
@@ -128,8 +129,8 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         return EnsembleModel(plan, model_config, service, version, cache)
 
     manager = ModelManager(
-        list(config.model_repositories), loop, create_backend,
-        auto_complete_config if config.auto_complete_config else None,
+        list(config.model_repositories), loop, instances,
+        instances.auto_complete if config.auto_complete_config else None,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
         create_ensemble=create_ensemble, load_concurrency=config.model_load_thread_count,
         load_retries=config.model_load_retry_count, response_cache=cache,
@@ -138,7 +139,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
                                config.server_id, config.strict_readiness,
                                tracer=ServerTracer(config.trace))
-    instance_choice.configure(config.python_instance_kind, service, config.process_arena)
+    instances.service, instances.link = service, LocalLink(service)
     service.note_log_file(config.log.file or "")
     service.update_log_settings({
         "log_info": config.log.info, "log_warning": config.log.warning,

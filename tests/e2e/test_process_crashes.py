@@ -194,9 +194,8 @@ def _children(pid: int) -> list[int]:
 def test_no_instance_process_or_pool_worker_outlives_a_sigkilled_server(
         tmp_path: Path) -> None:
     """A model with a multiprocessing.Pool forks only its own process (the workers'
-    parent is the instance process, not the server); SIGKILL the server and the instance
-    process (PR_SET_PDEATHSIG, end of file on its link) and its workers (they watch the
-    process that forked them) are all gone."""
+    parent is the instance process, not the server); SIGKILL the server and the guardian,
+    the instance process and its workers are all gone (guardian.py)."""
     record = tmp_path / "pool.jsonl"
     add_model(tmp_path / "repo", "pool", "pool",
               _tensor("input", "INPUT0", "FP32", "3") + _tensor("output", "OUTPUT0", "FP32", "3")
@@ -209,11 +208,12 @@ def test_no_instance_process_or_pool_worker_outlives_a_sigkilled_server(
                               timeout=60)
         assert reply.json()["outputs"][0]["data"] == [1, 4, 9]
         seen = json.loads(record.read_text().splitlines()[-1])
-        assert seen["ppid"] == server.pid  # the instance is the server's child...
+        # The instance is the child of its guardian, the server's child...
+        assert set(_children(server.pid)) == {seen["ppid"]}
+        assert set(_children(seen["ppid"])) == {seen["pid"]}
         assert seen["worker_parents"] == [seen["pid"]]  # ...and the workers are its own
-        doomed = [seen["pid"], *seen["workers"]]
+        doomed = [seen["ppid"], seen["pid"], *seen["workers"]]
         assert all(_alive(pid) for pid in doomed)
-        assert set(_children(server.pid)) == {seen["pid"]}
     finally:
         server.signal(signal.SIGKILL)
         server.wait(30)
@@ -236,3 +236,53 @@ def test_unload_and_shutdown_stop_the_instance_processes(tmp_path: Path) -> None
         assert server.stop() == 0, server.log()
     assert not _alive(second)
     assert "it will be restarted" not in server.log()
+
+
+def _held(pid: int) -> tuple[int, int]:
+    """The server's open descriptors, and its mappings of the arenas it writes to its
+    instances (those from an instance live on while a response tensor views them)."""
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/maps") as f:
+        arenas = sum(1 for line in f if "memfd:tritium-" in line and "-in " in line)
+    return fds, arenas
+
+
+def _restarted(server: TritiumProcess, before: int) -> Callable[[], bool]:
+    return lambda: ready(server, "crash") and pid_of(server, "crash") != before
+
+
+def test_a_dead_instance_releases_its_descriptors_and_arenas_at_once(
+        server: TritiumProcess) -> None:
+    pid_of(server, "crash")
+    fds, arenas = _held(server.pid)
+    for _ in range(3):
+        before = pid_of(server, "crash")
+        infer(server, "crash", 2)
+        wait_until(_restarted(server, before))
+    after_fds, after_arenas = _held(server.pid)
+    assert after_arenas <= arenas, (arenas, after_arenas)
+    assert after_fds <= fds + 2, (fds, after_fds)  # a connection or two of this test
+
+
+def test_a_model_whose_initialize_keeps_failing_is_given_up_with_its_reason(
+        tmp_path: Path) -> None:
+    add_model(tmp_path / "repo", "fragile", "init_fails_after_crash", IO + PROCESS)
+    server = TritiumProcess(tmp_path / "repo").start()
+    try:
+        assert infer(server, "fragile", 0)[0] == 200
+        infer(server, "fragile", 1)  # dies; every restart's initialize fails from now on
+
+        def given_up() -> bool:
+            reply = requests.post(f"http://{server.http_url}/v2/repository/index",
+                                  json={}, timeout=30)
+            (row,) = reply.json()
+            return row.get("state") == "UNAVAILABLE"
+        wait_until(given_up, timeout=60)
+        (row,) = requests.post(f"http://{server.http_url}/v2/repository/index", json={},
+                               timeout=30).json()
+        assert "dependency is gone" in row["reason"] and "not restarted again" in row["reason"]
+        status, body = infer(server, "fragile", 0)
+        assert status != 200 and "dependency is gone" in body["error"], body
+        assert requests.get(f"http://{server.http_url}/v2/health/live", timeout=30).ok
+    finally:
+        assert server.stop() == 0, server.log()

@@ -88,17 +88,23 @@ def server(tmp_path_factory: pytest.TempPathFactory, record_dir: Path
 
 
 def _children(server: TritiumProcess) -> list[int]:
-    """The server's child processes (its instance processes)."""
-    path = Path(f"/proc/{server.pid}/task/{server.pid}/children")
-    return [int(pid) for pid in path.read_text().split()]
+    """The server's child processes (its instances' guardians)."""
+    return _children_of(server.pid)
+
+
+def _children_of(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()]
 
 
 def test_instances_are_processes_of_their_own(server: TritiumProcess) -> None:
-    """Each process-kind instance is a child process running the stub; the model that asks
-    for TRITIUM_INSTANCE_KIND thread has none: 9 models, add_sub with 2 instances."""
-    stubs = [pid for pid in _children(server)
-             if b"tritium.execution.process.stub" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    assert len(stubs) == 10
+    """Each process-kind instance is a process of its own, under a guardian the server
+    started; the model that asks for TRITIUM_INSTANCE_KIND thread has none: 9 models,
+    add_sub with 2 instances."""
+    guardians = [pid for pid in _children(server) if b"tritium.execution.process.guardian"
+                 in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(guardians) == 10
+    assert all(len(_children_of(pid)) == 1 for pid in guardians)
 
 
 def test_auto_complete_runs_in_a_process_and_the_server_never_imports_the_model(

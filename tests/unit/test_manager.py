@@ -20,6 +20,7 @@ from tritium.core.response import InferenceResponse
 from tritium.core.service import InferenceService
 from tritium.core.types import DataType, Tensor
 from tritium.execution.backend import InstanceInfo
+from tritium.execution.kinds import InstanceBuilder
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.overrides import parse_overrides
 from tritium.repository.poll import fingerprint
@@ -69,7 +70,8 @@ def run(repo: Path, mode: ControlMode, scenario: Scenario, startup: tuple[str, .
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        manager = ModelManager([repo], loop, lambda info, _: FakeBackend(info, finalized),
+        manager = ModelManager([repo], loop, InstanceBuilder(
+                                   "thread", lambda info, *_: FakeBackend(info, finalized)),
                                None, mode, unload_timeout_s=0.3)
         service = InferenceService(manager, loop)
         await manager.load_startup_models(list(startup))

@@ -15,6 +15,7 @@ from tritium.core.service import InferenceService
 from tritium.ensemble.handle import EnsembleModel
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.execution.backend import InstanceInfo
+from tritium.execution.kinds import InstanceBuilder
 from tritium.repository.manager import ControlMode, ModelManager
 
 CONFIG = """backend: "python"
@@ -66,7 +67,9 @@ def run(repo: Path, mode: ControlMode, scenario: Scenario) -> None:
             assert service is not None
             return EnsembleModel(plan, config, service, version)
 
-        manager = ModelManager([repo], loop, lambda info, _: FakeBackend(info), None, mode,
+        manager = ModelManager([repo], loop,
+                               InstanceBuilder("thread", lambda info, *_: FakeBackend(info)),
+                               None, mode,
                                unload_timeout_s=0.3, create_ensemble=create_ensemble)
         service = InferenceService(manager, loop)
         await manager.load_startup_models([])

@@ -18,6 +18,7 @@ import pytest
 from tests.unit.test_manager import FakeBackend, add_model
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.backend import InstanceInfo
+from tritium.execution.kinds import InstanceBuilder
 from tritium.repository.loaded import LoadedModel
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.overrides import DIR_PREFIX
@@ -28,7 +29,7 @@ IO = {"backend": "python",
 Scenario = Callable[[ModelManager], Awaitable[None]]
 
 
-def backend(info: InstanceInfo, _: Any) -> FakeBackend:
+def backend(info: InstanceInfo, *_: Any) -> FakeBackend:
     if "fails" in info.model_name:
         raise RuntimeError("initialize refuses")
     return FakeBackend(info, [])
@@ -36,7 +37,8 @@ def backend(info: InstanceInfo, _: Any) -> FakeBackend:
 
 def run(repo: Path, scenario: Scenario, mode: ControlMode = ControlMode.EXPLICIT) -> None:
     async def main() -> None:
-        manager = ModelManager([repo], asyncio.get_running_loop(), backend, None, mode,
+        manager = ModelManager([repo], asyncio.get_running_loop(),
+                               InstanceBuilder("thread", backend), None, mode,
                                unload_timeout_s=0.3)
         await manager.load_startup_models([])
         try:
@@ -158,7 +160,9 @@ def test_load_concurrency_bounds_the_versions_starting_at_once(
         return FakeBackend(info, [])
 
     async def main() -> None:
-        manager = ModelManager([tmp_path / "repo"], asyncio.get_running_loop(), slow_backend,
+        manager = ModelManager([tmp_path / "repo"], asyncio.get_running_loop(),
+                               InstanceBuilder("thread",
+                                               lambda info, *_: slow_backend(info, None)),
                                None, ControlMode.NONE, load_concurrency=limit)
         await manager.load_startup_models([])
         try:
@@ -185,7 +189,9 @@ def test_load_retries_try_a_failed_version_again(tmp_path: Path, retries: int,
         return FakeBackend(info, [])
 
     async def main() -> None:
-        manager = ModelManager([tmp_path / "repo"], asyncio.get_running_loop(), flaky_backend,
+        manager = ModelManager([tmp_path / "repo"], asyncio.get_running_loop(),
+                               InstanceBuilder("thread",
+                                               lambda info, *_: flaky_backend(info, None)),
                                None, ControlMode.NONE, load_retries=retries)
         await manager.load_startup_models([])
         try:

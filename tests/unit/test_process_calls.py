@@ -36,14 +36,15 @@ from tests.unit.test_python_bls import (
     FakeService,
     parent_request,
 )
-from tritium.backends.python import bls as backend_bls
-from tritium.backends.python import metric, model_control, pb_utils, scope
+from tritium.backends.python import metric, pb_utils, scope
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest, InferenceRequest
 from tritium.core.response import InferenceResponse
 from tritium.core.types import DataType, Tensor
-from tritium.execution.process import bls, calls, control, logger, metrics, wire
+from tritium.execution.process import bls, calls, codec, control, logger, metrics, wire
+from tritium.execution.process.messages import ErrorBody
+from tritium.execution.process.remote import RemoteLink
 
 Reply = tuple[Any, list[memoryview], bool]
 BLS_REFUSED = "BLS is only supported during the 'execute' function."
@@ -118,6 +119,11 @@ class FakeCall:
                                        CancelReason.CLIENT_CANCELLED)
 
 
+def _crossed(payload: object) -> Any:
+    """``payload`` as the other process reads it: through the channel's codec."""
+    return codec.unpack_value(codec.pack_value(payload))
+
+
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -133,7 +139,7 @@ class FakeContext:
     def reply(self, payload: object, buffers: Sequence[memoryview] = (),
               final: bool = False) -> None:
         copies = [memoryview(bytearray(buffer)) for buffer in buffers]  # another process
-        self._call.put((payload, copies, final))
+        self._call.put((_crossed(payload), copies, final))
 
 
 class FakeLink:
@@ -149,7 +155,8 @@ class FakeLink:
         call = FakeCall(self.service.loop)
         context = call.context = FakeContext(self.service, call, list(scope.current_parents()))
         copies = [memoryview(bytes(buffer)) for buffer in buffers]
-        asyncio.run_coroutine_threadsafe(self._run(kind, context, call, payload, copies),
+        asyncio.run_coroutine_threadsafe(self._run(kind, context, call, _crossed(payload),
+                                                   copies),
                                          self.service.loop)
         return call
 
@@ -158,12 +165,12 @@ class FakeLink:
         try:
             await calls.HANDLERS[kind](context, payload, buffers)
         except Exception as exc:
-            call.put(exc)
+            call.put(ErrorBody.of(exc).error())  # as the call's error crosses
 
 
 @pytest.fixture
 def linked() -> Iterator[list[FakeLink]]:
-    """Child proxies installed (BLS, metrics, model control) over the FakeLink the test
+    """A remote server link for model code (BLS, metrics, model control) over the FakeLink the test
     puts in the list once its loop runs."""
     links: list[FakeLink] = []
 
@@ -171,15 +178,12 @@ def linked() -> Iterator[list[FakeLink]]:
         def call(self, kind: str, payload: object, buffers: Sequence[memoryview] = ()) -> Any:
             return links[0].call(kind, payload, buffers)
 
-    bls.install(Deferred())
-    metrics.install(Deferred())
-    control.install(Deferred())
+    saved = scope.current_link()
+    scope.register_link(RemoteLink(Deferred()))
     try:
         yield links
     finally:
-        backend_bls.install_remote(None)
-        metric.install_remote(None)
-        model_control.install_remote(None)
+        scope.register_link(saved)
 
 
 def run_child_parent(tmp_path: Path, links: list[FakeLink], source: str,
@@ -566,4 +570,4 @@ def test_instance_gone_ends_its_bls_children() -> None:
     service, replies = asyncio.run(main())
     assert service.children[0].cancellation.reason is CancelReason.PARENT_CANCELLED
     [(payload, _, final)] = replies
-    assert final and payload["error"][0] == "CANCELLED"
+    assert final and payload["error"][0] == "CANCELLED"  # ErrorBody, as it crossed

@@ -12,30 +12,26 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from tritium.execution.process import channel
-from tritium.execution.process.channel import (
-    CALL,
-    CALL_CANCEL,
-    REPLY,
-    REPLY_ERROR,
-    ChildLink,
-    FrameReader,
-    ParentChannel,
-    encode,
-)
+from tritium.core.errors import TritiumError
+from tritium.execution.process import messages as msg
+from tritium.execution.process.channel import ChildLink, ParentChannel
+from tritium.execution.process.codec import FrameReader, decode, encode
+from tritium.execution.process.messages import ErrorBody
 from tritium.execution.process.shm import ArenaReader, ArenaWriter, Mapping, create_memfd
 
 T = TypeVar("T")
 
 
 def test_frames_cut_at_any_byte_boundary() -> None:
-    frames = [(1, "a", {"k": [1, 2]}), (2,), (3, b"x" * 1000)]
+    frames = [msg.Call(1, "a", {"k": [1, 2]}, msg.EMPTY, [3]), msg.Stop(),
+              msg.Reply(3, b"x" * 1000, msg.EMPTY, True)]
     data = b"".join(encode(f) for f in frames)
     for step in (1, 3, 7, len(data)):
         reader = FrameReader()
-        got = []
+        got: list[Any] = []
         for at in range(0, len(data), step):
-            got.extend(reader.feed(data[at:at + step]))
+            reader.feed(data[at:at + step])
+            got.extend(decode(body) for body in reader.bodies(100))
         assert got == frames
 
 
@@ -45,10 +41,11 @@ class _Pair:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         parent_sock, child_sock = socket.socketpair()
-        self.frames: asyncio.Queue[tuple] = asyncio.Queue()
+        self.frames: asyncio.Queue[Any] = asyncio.Queue()
         self.eof = loop.create_future()
+        self.broken: list[str] = []
         self.parent = ParentChannel(loop, parent_sock, self.frames.put_nowait,
-                                    lambda: self.eof.set_result(None))
+                                    lambda: self.eof.set_result(None), self.broken.append)
         size = 64 << 20
         down, up = create_memfd("down", size), create_memfd("up", size)
         self.parent_writer = ArenaWriter(Mapping(down, size), ring_bytes=1 << 20)
@@ -65,8 +62,8 @@ class _Pair:
         self.link.close()
 
     def reply(self, call_id: int, payload: object, buffers: list[bytes], final: bool) -> None:
-        self.parent.send((REPLY, call_id, payload, self.parent_writer.pack_buffers(buffers),
-                          final))
+        self.parent.send(msg.Reply(call_id, payload, self.parent_writer.pack_buffers(buffers),
+                                   final))
 
 
 async def _in_thread(function: Callable[[], T]) -> T:
@@ -84,9 +81,10 @@ async def _a_child_call_gets_its_replies_in_order_with_buffers() -> None:
     big = np.arange(1 << 18, dtype=np.int64).tobytes()  # 2 MiB: from the large region
     call = pair.link.call("echo", {"n": 3}, [b"hello", big])
     frame = await asyncio.wait_for(pair.frames.get(), 10)
-    kind, call_id, name, payload, packed, parents = frame
-    assert (kind, name, payload, parents) == (CALL, "echo", {"n": 3}, [7])
-    buffers = pair.parent_reader.unpack_buffers(packed)
+    assert type(frame) is msg.Call
+    call_id = frame.call_id
+    assert (frame.kind, frame.payload, frame.parents) == ("echo", {"n": 3}, [7])
+    buffers = pair.parent_reader.unpack_buffers(frame.buffers)
     assert bytes(buffers[0]) == b"hello" and bytes(buffers[1]) == big
     for index in range(3):
         pair.reply(call_id, index, [bytes([index]) * 10], index == 2)
@@ -119,8 +117,8 @@ async def _an_async_call_and_a_cancel() -> None:
     first = await asyncio.wait_for(pair.frames.get(), 10)
     second = await asyncio.wait_for(pair.frames.get(), 10)
     cancel = await asyncio.wait_for(pair.frames.get(), 10)
-    assert cancel == (CALL_CANCEL, second[1])
-    pair.reply(first[1], "done", [], True)
+    assert cancel == msg.CallCancel(second.call_id)
+    pair.reply(first.call_id, "done", [], True)
     await _in_thread(lambda: thread.join(10))
     assert results and results[0][0] == "done"
     pair.close()
@@ -134,8 +132,8 @@ async def _an_error_reply_raises_in_the_child() -> None:
     pair = _Pair(asyncio.get_running_loop())
     call = pair.link.call("bad", None)
     frame = await asyncio.wait_for(pair.frames.get(), 10)
-    pair.parent.send((REPLY_ERROR, frame[1], ValueError("no such thing")))
-    with pytest.raises(ValueError, match="no such thing"):
+    pair.parent.send(msg.ReplyError(frame.call_id, ErrorBody.of(ValueError("no such thing"))))
+    with pytest.raises(TritiumError, match="ValueError: no such thing"):
         await _in_thread(call.result)
     pair.close()
 
@@ -165,6 +163,85 @@ async def _the_parent_sees_eof_when_the_child_end_closes() -> None:
     assert pair.parent.closed
 
 
-def test_child_link_outside_an_instance_process() -> None:
-    with pytest.raises(RuntimeError):
-        channel.child_link()
+
+# -- a hostile child -----------------------------------------------------------------
+
+
+def _hostile(send: Callable[[socket.socket], None], flood_s: float = 10.0) -> list[str]:
+    """What the parent end says when its child sends what ``send`` writes raw."""
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        parent_sock, child_sock = socket.socketpair()
+        broken: list[str] = []
+        done = loop.create_future()
+
+        def on_broken(reason: str) -> None:
+            broken.append(reason)
+            done.set_result(None)
+
+        ParentChannel(loop, parent_sock, lambda m: None, lambda: done.set_result(None),
+                      on_broken, flood_s=flood_s)
+        thread = threading.Thread(target=send, args=(child_sock,), daemon=True)
+        thread.start()
+        await asyncio.wait_for(done, 30)
+        child_sock.close()
+        return broken
+
+    return asyncio.run(main())
+
+
+def test_a_pickle_is_refused_not_run() -> None:
+    import pickle
+
+    class Boom:
+        def __reduce__(self) -> Any:
+            return (os.system, ("touch /tmp/tritium-pickled",))
+
+    body = pickle.dumps((14, Boom()))
+    broken = _hostile(lambda sock: sock.sendall(len(body).to_bytes(4, "little") + body))
+    assert broken and ("undecodable" in broken[0] or "tagged" in broken[0])
+    assert not os.path.exists("/tmp/tritium-pickled")
+
+
+def test_an_oversized_frame_is_refused_before_it_is_buffered() -> None:
+    broken = _hostile(lambda sock: sock.sendall(((4 << 30) - 1).to_bytes(4, "little")))
+    assert broken and "over the limit" in broken[0]
+
+
+def test_a_message_of_the_wrong_shape_is_refused() -> None:
+    import msgpack
+
+    body = msgpack.packb([13, "not a batch id", 0, [], []])
+    broken = _hostile(lambda sock: sock.sendall(len(body).to_bytes(4, "little") + body))
+    assert broken and "expected int" in broken[0]
+
+
+def test_a_flood_ends_the_channel_and_is_handled_in_bounded_turns() -> None:
+    frame = encode(msg.CallCancel(1))
+
+    def flood(sock: socket.socket) -> None:
+        try:
+            while True:
+                sock.sendall(frame * 512)
+        except OSError:
+            pass
+
+    broken = _hostile(flood, flood_s=0.5)
+    assert broken and "flood" in broken[0]
+
+
+def test_bad_arena_offsets_are_refused() -> None:
+    size = 1 << 20
+    fd = create_memfd("t", size)
+    reader = ArenaReader(Mapping(fd, size))
+    os.close(fd)
+    tensor = msg.TensorDesc("x", 8, (4,), 0, 16)
+    from tritium.execution.process.codec import FrameError
+
+    for offset in (1 << 40, -64, size - 64, 3):
+        with pytest.raises(FrameError):
+            reader.unpack(msg.Packed(offset, [tensor]))
+    with pytest.raises(FrameError):  # claims more bytes than its shape holds
+        reader.unpack(msg.Packed(0, [msg.TensorDesc("x", 8, (1 << 40,), 0, 16)]))
+    # The reader stays usable:
+    assert reader.unpack(msg.Packed(0, [msg.TensorDesc("x", 8, (4,), 0, 16)]))

@@ -84,12 +84,12 @@ def test_a_block_is_reused_once_its_views_are_gone(
     del first
     gc.collect()
     second = writer.pack([_tensor("y", np.arange(4, dtype=np.int32))])
-    assert second[0] != packed[0]
+    assert second.offset != packed.offset
     reader.unpack(second)  # received and dropped at once
     del view
     gc.collect()
     # Both blocks are free now: the ring is empty and starts over at offset 0.
-    assert writer.pack([_tensor("z", np.arange(4, dtype=np.int32))])[0] == 0
+    assert writer.pack([_tensor("z", np.arange(4, dtype=np.int32))]).offset == 0
 
 
 def test_the_ring_wraps_to_its_start(arena: tuple[ArenaWriter, ArenaReader]) -> None:
@@ -101,7 +101,7 @@ def test_the_ring_wraps_to_its_start(arena: tuple[ArenaWriter, ArenaReader]) -> 
     offsets = []
     for _ in range(40):  # 40 x ~100 KB through a 1 MiB ring
         packed = writer.pack([_tensor("x", chunk)])
-        offsets.append(packed[0])
+        offsets.append(packed.offset)
         current = reader.unpack(packed)
         assert int(previous[0].data.sum()) == 7 * chunk.size  # not overwritten
         previous = current
@@ -119,7 +119,7 @@ def test_a_block_held_for_long_does_not_stop_the_others(
     held = reader.unpack(writer.pack([_tensor("keep", chunk)]))
     for _ in range(40):
         packed = writer.pack([_tensor("x", np.zeros(100_000, dtype=np.uint8))])
-        assert packed[0] > 0 and packed[2] is None
+        assert packed.offset > 0 and packed.inline is None
         reader.unpack(packed)  # dropped at once
     assert int(held[0].data.sum()) == chunk.size
 
@@ -136,7 +136,7 @@ def test_large_blocks_come_from_their_own_region_and_merge_when_freed(
     gc.collect()
     bigger = np.ones(LARGE * 4 + 4096, dtype=np.uint8)  # fits only if a and b merged
     packed = writer.pack([_tensor("c", bigger)])
-    assert packed[0] >= RING
+    assert packed.offset >= RING
     (c,) = reader.unpack(packed)
     assert c.data.__array_interface__["data"][0] == offset_a
 
@@ -146,7 +146,7 @@ def test_what_no_block_holds_travels_inline(arena: tuple[ArenaWriter, ArenaReade
     writer, reader = arena
     huge = np.arange(SIZE // 4, dtype=np.int32)
     packed = writer.pack([_tensor("huge", huge)])
-    assert packed[0] == -1 and packed[2] is not None
+    assert packed.offset == -1 and packed.inline is not None
     (got,) = reader.unpack(packed)
     assert np.array_equal(got.data, huge)
 

@@ -390,6 +390,36 @@ async def test_answers_the_process_sent_before_dying_are_not_overwritten() -> No
 
 
 @run_async
+async def test_a_slot_whose_starts_keep_failing_gives_up_and_answers_why(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """After max_failed_starts failed starts in a row the slot stops retrying: it is not
+    ready, and what reaches it (the queue drains to it) is answered UNAVAILABLE with the
+    reason at once, instead of waiting for a restart that will not come."""
+    loop = asyncio.get_running_loop()
+    slot = Slot(failing_starts=100)
+    await slot.instance.start()
+    batch = [_request(loop, "a")]
+    slot.instance.submit(batch)
+    slot.processes[0].die(1)
+    async with asyncio.timeout(10):
+        while slot.instance.failure is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+    assert len(slot.processes) == 1 + RestartPolicy().max_failed_starts
+    assert not slot.instance.ready
+    assert slot.done == [(batch, -1)]  # the slot is free again: its queue is not held
+    late = [_request(loop, "late")]
+    slot.instance.submit(late)
+    await asyncio.sleep(0.01)  # answered once the scheduler's hand-over is done
+    answer = _answer(late[0])
+    assert answer.error is not None and answer.error.code is ErrorCode.UNAVAILABLE
+    assert "initialize failed" in answer.error.message
+    assert "not restarted again" in caplog.text
+    assert slot.done[-1] == (late, -1)
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+
+
+@run_async
 async def test_restarts_back_off_while_starts_fail_and_the_slot_recovers(
         caplog: pytest.LogCaptureFixture) -> None:
     slot = Slot(failing_starts=2)

@@ -15,6 +15,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritium.backends.python import PythonBackend, auto_complete_config, create_python_backend
+from tritium.backends.python.link import LocalLink
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest, InferenceRequest, RequestedOutput
@@ -87,7 +88,7 @@ def make_backend(model_dir: Path, service: Any = None) -> PythonBackend:
         kind="CPU",
         device_id=0,
     )
-    return create_python_backend(info, config, service)
+    return create_python_backend(info, config, None if service is None else LocalLink(service))
 
 
 def fp32_request(values: list[float], outputs: list[str] | None = None) -> InferenceRequest:

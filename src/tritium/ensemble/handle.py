@@ -196,6 +196,12 @@ class EnsembleModel:
     def in_flight(self) -> int:
         return len(self._admitted)
 
+    def unavailable_reason(self) -> str | None:
+        return None  # its composing models say for themselves
+
+    def instances_up(self) -> bool:
+        return True  # it has no instances of its own
+
     async def drain(self, timeout_s: float) -> int:
         """Stop admitting, give admitted requests ``timeout_s`` to finish, then cancel the
         rest with reason UNLOADED. Returns how many were cancelled."""

@@ -20,8 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2 as pb
-
+from tritium.core.config_pb import model_config_pb2 as pb
 from tritium.core.errors import ErrorCode, TritiumError
 
 ENSEMBLE_PLATFORM = "ensemble"

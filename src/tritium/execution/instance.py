@@ -1,39 +1,52 @@
 """A model instance: the thread that runs model code, and the only bridge between the
 server's event loop and that code.
 
-The loop hands a batch over with ``submit`` (a SimpleQueue put); the thread runs
-``backend.execute`` and reports back with one ``call_soon_threadsafe``. A backend whose
+The loop hands a batch over with ``submit`` (a SimpleQueue put); the thread runs it through
+the batch runner and reports back with one ``call_soon_threadsafe``. A backend whose
 ``execute`` is a coroutine gets an event loop of its own, run by this thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import queue
 import threading
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
-from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
-from tritium.core.response import DeferredWakes, InferenceResponse, ResponseStream
+from tritium.core.response import InferenceResponse, ResponseStream
+from tritium.execution import forks
 from tritium.execution.backend import InstanceInfo, ModelBackend
+from tritium.execution.kinds import DoneCallback, InstanceSpec
 from tritium.execution.placement import ThreadPlacement, current
+from tritium.execution.runner import BatchRunner, run_model_loop
 
 log = logging.getLogger("tritium.execution")
 
 BackendFactory = Callable[[InstanceInfo], ModelBackend]
-# (instance, batch, nanoseconds execute took or -1 when it did not run, the streams whose
-# responses wait to be woken: the callback must wake them, see core.response.DeferredWakes)
-DoneCallback = Callable[["ModelInstance", list[AdmittedRequest], int, list[ResponseStream]],
-                        None]
 
 _STOP = None
 
 
-class ModelInstance:
+def build(spec: InstanceSpec) -> ThreadInstance:
+    """The thread kind: model code runs on a thread of the server, reaching the server
+    through the link in this process."""
+    def create(info: InstanceInfo) -> ModelBackend:
+        return spec.create_backend(info, spec.config, spec.link)
+
+    forks.install()  # model code shares this process: its forks must not carry the server
+
+    return ThreadInstance(spec.info, create, spec.loop, spec.on_done)
+
+
+class ThreadInstance:
+    """``kinds.Instance`` on a thread of the server: never restarted, ready once started."""
+
+    ready = True
+    restarts = 0
+    failure = None  # a thread instance that failed never started: its load failed
+
     def __init__(
         self,
         info: InstanceInfo,
@@ -48,7 +61,7 @@ class ModelInstance:
         self._on_done = on_done
         self._inbox: queue.SimpleQueue[list[AdmittedRequest] | None] = queue.SimpleQueue()
         self._outbox: list[list[AdmittedRequest]] = []
-        self._backend: ModelBackend | None = None
+        self._runner: BatchRunner[list[AdmittedRequest]] | None = None
         self._model_loop: asyncio.AbstractEventLoop | None = None
         self._started: asyncio.Future[None] = loop.create_future()
         self._stopped: asyncio.Future[None] = loop.create_future()
@@ -91,51 +104,41 @@ class ModelInstance:
     def _run(self) -> None:
         self._placement.release()  # initialize() is model code
         try:
-            self._backend = self._create_backend(self.info)
+            backend = self._create_backend(self.info)
         except BaseException as exc:
             self._report(self._started, exc)
             self._report(self._stopped, None)
             return
-        is_async = bool(getattr(self._backend, "is_async", False))
-        if is_async:
+        self._runner = BatchRunner(backend, self.info.model_name, self._batch_done,
+                                   self._placement)
+        if getattr(backend, "is_async", False):
             self._model_loop = asyncio.new_event_loop()
         self._report(self._started, None)
         try:
             if self._model_loop is not None:
-                self._serve_async(self._model_loop)
+                asyncio.set_event_loop(self._model_loop)
+                run_model_loop(self._model_loop)
             else:
                 self._serve()
         finally:
-            self._finalize()
+            self._finalize(backend)
             self._report(self._stopped, None)
 
     def _serve(self) -> None:
-        inbox = self._inbox
+        inbox, runner = self._inbox, self._runner
+        assert runner is not None
         self._placement.settle()
         while (batch := inbox.get()) is not _STOP:
-            self._execute(batch)
+            # Checked again here: a request cancelled after dispatch never reaches the model.
+            runner.run(batch, self._live(batch))
 
-    def _execute(self, batch: list[AdmittedRequest]) -> None:
-        # Checked again here: a request cancelled after dispatch never reaches the model.
-        live = self._live(batch)
-        elapsed = -1
-        woken: list[ResponseStream] = []
-        if live:
-            started = time.monotonic_ns()
-            self._placement.widen()
-            with DeferredWakes() as woken:
-                try:
-                    self._backend.execute(live)  # type: ignore[union-attr]
-                except BaseException as exc:
-                    _fail_batch(live, self.info.model_name, exc)
-            elapsed = time.monotonic_ns() - started
-            # Home before waking the loop, so the wake-up stays on one core.
-            self._placement.narrow()
+    def _start_async(self, batch: list[AdmittedRequest]) -> None:
+        assert self._runner is not None
+        self._runner.start_async(batch, self._live(batch))
+
+    def _batch_done(self, batch: list[AdmittedRequest], elapsed: int,
+                    woken: list[ResponseStream]) -> None:
         self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed, woken)
-
-    def _serve_async(self, model_loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(model_loop)
-        run_model_loop(model_loop)
 
     def _live(self, batch: list[AdmittedRequest]) -> list[AdmittedRequest]:
         """The requests of ``batch`` not cancelled yet; the others are answered."""
@@ -148,60 +151,16 @@ class ModelInstance:
             self._loop.call_soon_threadsafe(_end_unstarted, dropped)
         return live
 
-    def _start_async(self, batch: list[AdmittedRequest]) -> None:
-        live = self._live(batch)
-        backend = self._backend
-        assert backend is not None
-        result: Awaitable[None] | None = None
-        started = time.monotonic_ns()
-        if live:
-            try:
-                result = backend.execute(live)
-            except BaseException as exc:
-                _fail_batch(live, self.info.model_name, exc)
-        if result is None or not inspect.isawaitable(result):
-            elapsed = time.monotonic_ns() - started if live else -1
-            self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed, [])
-            return
-        task = asyncio.ensure_future(result)
-        if backend.decoupled:
-            # Decoupled coroutines overlap: the instance takes the next batch at once.
-            self._loop.call_soon_threadsafe(
-                self._on_done, self, batch, time.monotonic_ns() - started, [])
-            task.add_done_callback(lambda t: _log_task_error(t, live, self.info.model_name))
-        else:
-            task.add_done_callback(lambda t: self._async_done(t, batch, live, started))
-
-    def _async_done(self, task: asyncio.Future[None], batch: list[AdmittedRequest],
-                    live: list[AdmittedRequest], started: int) -> None:
-        _log_task_error(task, live, self.info.model_name)
-        elapsed = time.monotonic_ns() - started
-        self._loop.call_soon_threadsafe(self._on_done, self, batch, elapsed, [])
-
-    def _finalize(self) -> None:
-        if self._backend is None:
-            return
+    def _finalize(self, backend: ModelBackend) -> None:
         self._placement.release()
         try:
-            self._backend.finalize()
+            backend.finalize()
         except BaseException:
             log.exception("finalize() of instance %s failed", self.name)
 
     def _report(self, future: asyncio.Future[None], exc: BaseException | None) -> None:
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(settle, future, exc)
-
-
-def run_model_loop(model_loop: asyncio.AbstractEventLoop) -> None:
-    """Run an ``async def execute`` model's own loop until stopped, give the tasks still
-    running (decoupled coroutines) a few seconds to end, and close it."""
-    try:
-        model_loop.run_forever()
-        pending = asyncio.all_tasks(model_loop)
-        if pending:
-            model_loop.run_until_complete(asyncio.wait(pending, timeout=5))
-    finally:
-        model_loop.close()
 
 
 def settle(future: asyncio.Future[None], outcome: BaseException | None) -> None:
@@ -228,23 +187,3 @@ def end_unstarted(request: AdmittedRequest) -> None:
     reason = request.cancellation.reason
     if reason is not None:
         request.stream.close_with(InferenceResponse.failure(reason.to_error()))
-
-
-def _fail_batch(batch: list[AdmittedRequest], model: str, exc: BaseException) -> None:
-    error = TritiumError(
-        ErrorCode.INTERNAL,
-        f"Failed to process the request(s) for model '{model}', message: {exc}",
-    )
-    for request in batch:
-        stream = request.stream
-        if not stream.closed:
-            stream.send_nowait(InferenceResponse.failure(error))
-
-
-def _log_task_error(task: asyncio.Future[None], live: list[AdmittedRequest], model: str) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        log.error("execute() of model '%s' failed: %s", model, exc)
-        _fail_batch(live, model, exc)

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2 as pb
 
+from tritium.core.config_pb import model_config_pb2 as pb
 from tritium.core.types import DataType, TensorSpec
 from tritium.ensemble.validation import is_ensemble
 from tritium.repository.scan import find_models

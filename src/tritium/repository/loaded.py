@@ -6,13 +6,12 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2
-
 from tritium.core.cancellation import CancelReason
+from tritium.core.config_pb import model_config_pb2
 from tritium.core.errors import TritiumError
 from tritium.core.inflight import InFlight
 from tritium.core.request import AdmittedRequest
@@ -20,10 +19,8 @@ from tritium.core.response import ServedBy
 from tritium.core.response_cache import ResponseCache, cache_for
 from tritium.core.statistics import ModelStatistics
 from tritium.core.types import TensorSpec
-from tritium.execution.backend import InstanceInfo, ModelBackend
-from tritium.execution.instance import ModelInstance
-from tritium.execution.process.choice import make_instance
-from tritium.execution.process.supervisor import SupervisedInstance
+from tritium.execution.backend import InstanceInfo
+from tritium.execution.kinds import Instance, InstanceBuilder
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.repository.validation import ConfigError
 from tritium.repository.warmup import WarmupRoute, warm_up, warmup_samples
@@ -34,7 +31,6 @@ from tritium.scheduling.sequences import SequenceScheduler
 log = logging.getLogger("tritium.repository")
 
 ModelConfig = model_config_pb2.ModelConfig
-BackendFactory = Callable[[InstanceInfo, Any], ModelBackend]
 
 _KIND_NAMES = {
     model_config_pb2.ModelInstanceGroup.KIND_CPU: "CPU",
@@ -63,7 +59,7 @@ class LoadedModel:
         self.labels: dict[str, list[str]] = _read_labels(model_dir, config)
         self.served_by = ServedBy(self.name, version, self.max_batch_size > 0, self.labels)
         self.scheduler = _scheduler(self.name, version, config, self.decoupled, model_dir)
-        self.instances: list[ModelInstance | SupervisedInstance] = []
+        self.instances: list[Instance] = []
         self.cache = cache_for(config, response_cache, version, self.scheduler.stats)
         self.load_seconds = 0.0
         # Admitted requests whose final response has not been sent: what an unload waits
@@ -74,7 +70,7 @@ class LoadedModel:
     def is_ready(self) -> bool:
         # An instance process that died is restarting: ready again once one is up.
         return self.scheduler.accepting and (
-            not self.instances or any(getattr(i, "ready", True) for i in self.instances))
+            not self.instances or any(i.ready for i in self.instances))
 
     def enqueue(self, request: AdmittedRequest) -> None:
         cache = self.cache
@@ -104,13 +100,24 @@ class LoadedModel:
     def statistics(self) -> ModelStatistics:
         return self.scheduler.stats
 
+    def unavailable_reason(self) -> str | None:
+        """Why this loaded version cannot serve: every instance gave up restarting."""
+        failures = [i.failure for i in self.instances]
+        if not failures or any(f is None for f in failures):
+            return None
+        return failures[0].message if failures[0] is not None else None
+
+    def instances_up(self) -> bool:
+        """Every instance runs (none is restarting or has given up)."""
+        return all(i.ready for i in self.instances)
+
     def instance_restarts(self) -> dict[str, int]:
-        """Restarts of each process-kind instance, by instance name (metrics read it)."""
-        return {i.name: i.restarts for i in self.instances if isinstance(i, SupervisedInstance)}
+        """Restarts of each instance, by instance name (metrics read it)."""
+        return {i.name: i.restarts for i in self.instances}
 
     # -- lifecycle ---------------------------------------------------------------
-    async def start(self, loop: asyncio.AbstractEventLoop, create_backend: BackendFactory) -> None:
-        """Start every instance (``initialize`` runs on each instance's thread)."""
+    async def start(self, loop: asyncio.AbstractEventLoop, builder: InstanceBuilder) -> None:
+        """Start every instance, of the kind ``builder`` chooses for this model."""
         started = time.monotonic()
         config_text = json.dumps(self.config_json)
         samples = await asyncio.to_thread(warmup_samples, self.config, self.model_dir)
@@ -119,9 +126,7 @@ class LoadedModel:
         on_done = route if route is not None else self.scheduler.batch_done
         try:
             for info in self._instance_infos(config_text):
-                self.instances.append(make_instance(
-                    info, self.config, loop, on_done,
-                    lambda i: create_backend(i, self.config)))
+                self.instances.append(builder.build(info, self.config, loop, on_done))
             await asyncio.gather(*(instance.start() for instance in self.instances))
             if route is not None:
                 await warm_up(self.name, samples, self.instances, route)

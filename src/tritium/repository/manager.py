@@ -24,6 +24,7 @@ from tritium.core.names import check_model_name
 from tritium.core.response_cache import ResponseCache
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.ensemble.validation import is_ensemble
+from tritium.execution.kinds import InstanceBuilder
 from tritium.repository.config import (
     AutoComplete,
     PreparedConfig,
@@ -34,7 +35,7 @@ from tritium.repository.config import (
     read_model_config,
 )
 from tritium.repository.dependencies import DependencyRules, declared_ensembles
-from tritium.repository.loaded import BackendFactory, LoadedModel
+from tritium.repository.loaded import LoadedModel
 from tritium.repository.locks import NameLocks
 from tritium.repository.overrides import LoadOverrides, OverrideDir, parse_overrides
 from tritium.repository.poll import fingerprint
@@ -111,7 +112,7 @@ class ModelManager(DependencyRules):
         self,
         repositories: list[Path],
         loop: asyncio.AbstractEventLoop,
-        create_backend: BackendFactory,
+        instances: InstanceBuilder,
         auto_complete: AutoComplete | None,
         control_mode: ControlMode = ControlMode.NONE,
         unload_timeout_s: float = 30.0,
@@ -123,7 +124,7 @@ class ModelManager(DependencyRules):
     ):
         self.repositories = repositories
         self.loop = loop
-        self.create_backend = create_backend
+        self.instances = instances  # chooses each model's instance kind and builds them
         self.auto_complete = auto_complete
         self.control_mode = control_mode
         # How long an unloaded (or replaced) version's requests may run before UNLOADED.
@@ -365,10 +366,10 @@ class ModelManager(DependencyRules):
 
     async def _start_in_slot(self, model: ServedVersion) -> None:
         if self._load_slots is None:
-            await model.start(self.loop, self.create_backend)
+            await model.start(self.loop, self.instances)
             return
         async with self._load_slots:
-            await model.start(self.loop, self.create_backend)
+            await model.start(self.loop, self.instances)
 
     def _new_version(self, model_dir: Path, version: int, config: Any) -> ServedVersion:
         if not is_ensemble(config):
@@ -545,10 +546,10 @@ class ModelManager(DependencyRules):
                     rows.append(IndexEntry(name, None, ModelState.UNAVAILABLE, entry.reason))
                 continue
             for version in sorted(entry.versions):
-                slot = entry.versions[version]
-                if ready_only and slot.state is not ModelState.READY:
+                state, reason = _state_of(entry.versions[version])
+                if ready_only and state is not ModelState.READY:
                     continue
-                rows.append(IndexEntry(name, version, slot.state, slot.reason))
+                rows.append(IndexEntry(name, version, state, reason))
         return rows
 
     def is_ready(self) -> bool:
@@ -565,7 +566,7 @@ class ModelManager(DependencyRules):
             for slot in entry.versions.values():
                 if slot.state is ModelState.READY:
                     if slot.model is not None and not _up(slot.model):
-                        return False
+                        return False  # an instance restarting, or every one given up
                 elif slot.state is not ModelState.UNAVAILABLE:
                     return False  # LOADING or UNLOADING
         return True
@@ -584,8 +585,7 @@ def _failed(entry: ModelEntry) -> bool:
 
 def _up(model: ServedVersion) -> bool:
     """Every instance of ``model`` runs (Triton asks each instance of the model)."""
-    instances = getattr(model, "instances", ())  # an ensemble has none of its own
-    return model.is_ready() and all(getattr(i, "ready", True) for i in instances)
+    return model.is_ready() and model.instances_up()
 
 
 def _latest_ready(entry: ModelEntry) -> VersionEntry:
@@ -607,3 +607,13 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, TritiumError):
         return exc.message
     return f"{type(exc).__name__}: {exc}"
+
+
+def _state_of(slot: VersionEntry) -> tuple[ModelState, str]:
+    """A slot's state and reason; a READY version whose instances all gave up restarting
+    is UNAVAILABLE with their reason."""
+    if slot.state is ModelState.READY and slot.model is not None:
+        reason = slot.model.unavailable_reason()
+        if reason is not None:
+            return ModelState.UNAVAILABLE, reason
+    return slot.state, slot.reason

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from tritium.core.model import ModelHandle
 from tritium.ensemble.plan import EnsemblePlan
-from tritium.repository.loaded import BackendFactory
+from tritium.execution.kinds import InstanceBuilder
 
 
 class ServedVersion(ModelHandle, Protocol):
@@ -16,12 +16,18 @@ class ServedVersion(ModelHandle, Protocol):
 
     load_seconds: float
 
-    async def start(self, loop: asyncio.AbstractEventLoop, create_backend: BackendFactory
+    async def start(self, loop: asyncio.AbstractEventLoop, builder: InstanceBuilder
                     ) -> None: ...
 
     async def stop(self) -> None: ...
 
     def in_flight(self) -> int: ...
+
+    def unavailable_reason(self) -> str | None:
+        """Why a version that loaded can no longer serve (None: it can)."""
+
+    def instances_up(self) -> bool:
+        """Every instance of its own runs (strict readiness asks each instance)."""
 
     async def drain(self, timeout_s: float) -> int: ...
 

@@ -7,8 +7,7 @@ from collections.abc import Iterable
 from pathlib import PurePosixPath
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2 as pb
-
+from tritium.core.config_pb import model_config_pb2 as pb
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.types import DataType
 from tritium.ensemble.validation import (

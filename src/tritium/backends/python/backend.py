@@ -13,6 +13,7 @@ from typing import Any
 from tritium.backends.python import scope
 from tritium.backends.python.errors import TritonModelException, describe_exception
 from tritium.backends.python.importer import forget_module
+from tritium.backends.python.link import ServerLink
 from tritium.backends.python.request import ReceivedRequest, RequestContext
 from tritium.backends.python.response import InferenceResponse
 from tritium.core import messages
@@ -20,7 +21,6 @@ from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import ImmediateWakes, StreamClosedError
 from tritium.core.response import InferenceResponse as CoreResponse
-from tritium.core.service import InferenceService
 from tritium.core.tracing import (
     COMPUTE_END,
     COMPUTE_INPUT_END,
@@ -47,7 +47,7 @@ class PythonBackend:
         model: Any,
         model_name: str,
         model_dir: str,
-        service: InferenceService | None,
+        link: ServerLink | None,
         context: RequestContext,
         module: types.ModuleType | None = None,
         instance_name: str | None = None,
@@ -59,7 +59,7 @@ class PythonBackend:
         self.model_dir = model_dir
         self.decoupled = context.decoupled
         self.is_async = inspect.iscoroutinefunction(getattr(model, "execute", None))
-        self._service = service
+        self._link = link
         self._context = context
         self._module = module
 
@@ -69,7 +69,7 @@ class PythonBackend:
                 return self._traced_execute(requests, traces_of(requests) or [])
         context = self._context
         received = [ReceivedRequest(request, context) for request in requests]
-        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir, requests))
+        token = scope.enter(scope.ExecutionScope(self._link, self.model_dir, requests))
         try:
             with ImmediateWakes():
                 result = self.model.execute(received)
@@ -92,7 +92,7 @@ class PythonBackend:
         context = self._context
         received = [ReceivedRequest(request, context) for request in requests]
         record(traces, COMPUTE_INPUT_END, time.monotonic_ns())
-        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir, requests))
+        token = scope.enter(scope.ExecutionScope(self._link, self.model_dir, requests))
         try:
             with ImmediateWakes():
                 result = self.model.execute(received)
@@ -112,7 +112,7 @@ class PythonBackend:
 
     def finalize(self) -> None:
         finalize = getattr(self.model, "finalize", None)
-        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir,
+        token = scope.enter(scope.ExecutionScope(self._link, self.model_dir,
                                                  phase=scope.Phase.FINALIZE))
         try:
             if finalize is not None:
@@ -133,7 +133,7 @@ class PythonBackend:
     ) -> None:
         # Entered here, inside the task that runs the coroutine, so that BLS calls made by
         # the coroutine (and tasks it starts) see these requests as their parents.
-        token = scope.enter(scope.ExecutionScope(self._service, self.model_dir, requests))
+        token = scope.enter(scope.ExecutionScope(self._link, self.model_dir, requests))
         try:
             result = await coroutine
         except Exception as exc:

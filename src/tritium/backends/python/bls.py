@@ -27,34 +27,42 @@ from tritium.core.service import InferenceService
 from tritium.core.types import Tensor as CoreTensor
 
 if TYPE_CHECKING:
+    from tritium.backends.python.link import ServerLink
     from tritium.backends.python.request import InferenceRequest
-
-
-class RemoteBls(Protocol):
-    """BLS as an instance process runs it: through its link to the server."""
-
-    def exec_blocking(self, request: InferenceRequest) -> InferenceResponse: ...
-
-    def exec_async(self, request: InferenceRequest) -> asyncio.Future[Any]: ...
-
-    def exec_decoupled(self, request: InferenceRequest) -> ResponseIterator: ...
-
-
-# Set in an instance process (tritium.execution.process), which has no service of its own.
-_remote: RemoteBls | None = None
-
-
-def install_remote(remote: RemoteBls | None) -> None:
-    global _remote
-    _remote = remote
 
 
 def exec_blocking(request: InferenceRequest) -> InferenceResponse:
     """``request.exec()``: wait on the calling thread for the child's one response."""
-    if _remote is not None:
-        _check_phase()
-        return _remote.exec_blocking(request)
-    service, child, cancellation = _start(request)
+    return _link().exec_blocking(request)
+
+
+def exec_async(request: InferenceRequest) -> asyncio.Future[Any]:
+    """``request.async_exec()``: the same, awaited on the caller's running loop.
+
+    Cancelling the returned future cancels the child request.
+    """
+    asyncio.get_running_loop()  # raises before any child is sent, as Triton's does
+    return _link().exec_async(request)
+
+
+def exec_decoupled(request: InferenceRequest) -> ResponseIterator:
+    """``request.exec(decoupled=True)``: responses arrive on an iterator as they come."""
+    return _link().exec_decoupled(request)
+
+
+def _link() -> ServerLink:
+    _check_phase()
+    link = scope.current_link()
+    if link is None:
+        raise TritonModelException("BLS requests need a running tritium server")
+    return link
+
+
+# -- in the server's process (backends.python.link.LocalLink) ----------------------
+
+
+def run_blocking(service: InferenceService, request: InferenceRequest) -> InferenceResponse:
+    child, cancellation = _start(service, request)
     if _running_loop() is service.loop:
         cancellation.detach()
         raise TritonModelException("BLS exec() cannot block the server's event loop")
@@ -63,27 +71,16 @@ def exec_blocking(request: InferenceRequest) -> InferenceResponse:
     return future.result()
 
 
-def exec_async(request: InferenceRequest) -> asyncio.Future[Any]:
-    """``request.async_exec()``: the same, awaited on the caller's running loop.
-
-    Cancelling the returned future cancels the child request.
-    """
+def run_async(service: InferenceService, request: InferenceRequest) -> asyncio.Future[Any]:
     caller_loop = asyncio.get_running_loop()
-    if _remote is not None:
-        _check_phase()
-        return _remote.exec_async(request)
-    service, child, cancellation = _start(request)
+    child, cancellation = _start(service, request)
     future = asyncio.run_coroutine_threadsafe(
         _run_single(service, child, cancellation), service.loop)
     return asyncio.wrap_future(future, loop=caller_loop)
 
 
-def exec_decoupled(request: InferenceRequest) -> ResponseIterator:
-    """``request.exec(decoupled=True)``: responses arrive on an iterator as they come."""
-    if _remote is not None:
-        _check_phase()
-        return _remote.exec_decoupled(request)
-    service, child, cancellation = _start(request)
+def run_decoupled(service: InferenceService, request: InferenceRequest) -> ResponseIterator:
+    child, cancellation = _start(service, request)
     sink = ResponseBuffer()
     asyncio.run_coroutine_threadsafe(pump(service, child, cancellation, sink), service.loop)
     return ResponseIterator(cancellation, sink)
@@ -228,14 +225,11 @@ def _check_phase() -> None:
         raise TritonModelException("BLS is only supported during the 'execute' function.")
 
 
-def _start(request: InferenceRequest) -> tuple[InferenceService, CoreRequest, Cancellation]:
-    _check_phase()
-    service = scope.current_service()
-    if service is None:
-        raise TritonModelException("BLS requests need a running tritium server")
+def _start(service: InferenceService, request: InferenceRequest
+           ) -> tuple[CoreRequest, Cancellation]:
     parents = [parent.cancellation for parent in scope.current_parents()]
     cancellation = Cancellation.following(service.loop, parents, CancelReason.PARENT_CANCELLED)
-    return service, child_request(request), cancellation
+    return child_request(request), cancellation
 
 
 def child_request(request: InferenceRequest) -> CoreRequest:

@@ -10,10 +10,10 @@ from tritium.backends.python import scope
 from tritium.backends.python.backend import PythonBackend
 from tritium.backends.python.errors import describe_exception
 from tritium.backends.python.importer import forget_module, import_model_file
+from tritium.backends.python.link import ServerLink
 from tritium.backends.python.model_config import ModelConfig
 from tritium.backends.python.request import RequestContext
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.service import InferenceService
 from tritium.execution.backend import InstanceInfo
 
 DEFAULT_MODEL_FILENAME = "model.py"
@@ -21,19 +21,8 @@ MODEL_CLASS = "TritonPythonModel"
 
 
 def auto_complete_config(model_dir: Path, config: Any) -> Any:
-    """Run the model's static ``auto_complete_config`` (if any) on a copy of ``config``:
-    here for thread instances, in a process of its own for a model whose instances run in
-    processes (so the server never imports that model's file)."""
-    # Imported here: the process kind builds on this module.
-    from tritium.execution.process import autocomplete
-
-    if autocomplete.wanted(config):
-        return autocomplete.complete_in_process(model_dir, config)
-    return auto_complete_here(model_dir, config)
-
-
-def auto_complete_here(model_dir: Path, config: Any) -> Any:
-    """``auto_complete_config`` in this process.
+    """Run the model's static ``auto_complete_config`` (if any) on a copy of ``config``, in
+    this process (the instance builder runs it elsewhere for models it puts elsewhere).
 
     The model file is imported on its own for this and dropped afterwards: as in Triton,
     nothing created here survives into ``initialize``.
@@ -49,20 +38,20 @@ def auto_complete_here(model_dir: Path, config: Any) -> Any:
         forget_module(module)
 
 
-def create_python_backend(
-    info: InstanceInfo, config: Any, service: InferenceService
-) -> PythonBackend:
+def create_python_backend(info: InstanceInfo, config: Any, link: ServerLink | None
+                          ) -> PythonBackend:
     """Import model.py, create the TritonPythonModel and ``initialize`` it.
 
     Runs on the instance's own thread. Each instance imports the file afresh, so module
     globals are per instance, as they are in Triton's one-process-per-instance stubs.
     """
-    scope.register_service(service)
+    if link is not None:
+        scope.register_link(link)
     version_dir = Path(info.model_repository) / str(info.model_version)
     module = import_model_file(version_dir / _model_filename(config))
     try:
         model = _model_class(module, info.model_name)()
-        _initialize(model, _initialize_args(info), service, str(version_dir))
+        _initialize(model, _initialize_args(info), link, str(version_dir))
     except TritiumError:
         forget_module(module)
         raise
@@ -73,7 +62,7 @@ def create_python_backend(
         [output.name for output in config.output], config.model_transaction_policy.decoupled,
         config.sequence_batching.iterative_sequence,
     )
-    return PythonBackend(model, info.model_name, str(version_dir), service, context, module,
+    return PythonBackend(model, info.model_name, str(version_dir), link, context, module,
                          instance_name=info.instance_name)
 
 
@@ -145,12 +134,12 @@ def _initialize_args(info: InstanceInfo) -> dict[str, str]:
 
 
 def _initialize(
-    model: Any, args: dict[str, str], service: InferenceService, version_dir: str
+    model: Any, args: dict[str, str], link: ServerLink | None, version_dir: str
 ) -> None:
     initialize = getattr(model, "initialize", None)
     if initialize is None:
         return
-    token = scope.enter(scope.ExecutionScope(service, version_dir,
+    token = scope.enter(scope.ExecutionScope(link, version_dir,
                                              phase=scope.Phase.INITIALIZE))
     try:
         initialize(args)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from tritium.backends.python import scope
 from tritium.backends.python.errors import TritonModelException
 from tritium.backends.python.text import as_text
 from tritium.core import messages
@@ -193,12 +194,6 @@ class Family(Protocol):
     def snapshot(self) -> FamilySnapshot: ...
 
 
-class RemoteFamilies(Protocol):
-    """The server's registry as an instance process reaches it."""
-
-    def family(self, name: str, description: str, kind: MetricKind) -> Family: ...
-
-
 class Metric:
     """A handle on one labelled series of a family."""
 
@@ -309,9 +304,10 @@ class MetricFamily:
     @classmethod
     def register(cls, name: str, description: str, kind: MetricKind) -> Family:
         """The family registered under ``name``, registered now if it is new."""
-        if _remote is not None:
-            return _remote.family(name, description, kind)
-        return cls.register_here(name, description, kind)
+        link = scope.current_link()
+        if link is None:
+            return cls.register_here(name, description, kind)
+        return link.metric_family(name, description, kind)
 
     @classmethod
     def register_here(cls, name: str, description: str, kind: MetricKind) -> RegisteredFamily:
@@ -351,14 +347,3 @@ class MetricFamily:
     def snapshots(cls) -> list[FamilySnapshot]:
         """Every registered family, as exporters read them."""
         return [family.snapshot() for family in cls.families()]
-
-
-
-
-# Set in an instance process (tritium.execution.process): its families live in the server.
-_remote: RemoteFamilies | None = None
-
-
-def install_remote(remote: RemoteFamilies | None) -> None:
-    global _remote
-    _remote = remote

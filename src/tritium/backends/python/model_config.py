@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2
 
+from tritium.core.config_pb import model_config_pb2
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.repository.config import config_to_json
 

@@ -10,40 +10,19 @@ parent process.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from tritium.backends.python import scope
 from tritium.backends.python.errors import TritonModelException
+from tritium.backends.python.link import ServerLink
 from tritium.core.errors import TritiumError
-from tritium.core.service import InferenceService
 
 T = TypeVar("T")
 
 _LOAD_FAILED = "Failed to load model: "
 _UNLOAD_FAILED = "Failed to unload model: "
 _READINESS_FAILED = "Failed to check model readiness: "
-
-
-class RemoteControl(Protocol):
-    """Model control as an instance process reaches it: through its link to the server.
-    Each raises TritiumError as the server's own calls do."""
-
-    def load_model(self, name: str, parameters: dict[str, Any]) -> None: ...
-
-    def unload_model(self, name: str) -> None: ...
-
-    def is_model_ready(self, name: str, version: int | None) -> bool: ...
-
-
-# Set in an instance process (tritium.execution.process), which has no service of its own.
-_remote: RemoteControl | None = None
-
-
-def install_remote(remote: RemoteControl | None) -> None:
-    global _remote
-    _remote = remote
 
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
@@ -54,12 +33,7 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
         parameters["config"] = config
     if files is not None:
         parameters.update(_file_parameters(name, files))
-    if _remote is not None:
-        _check_phase(_LOAD_FAILED)
-        _remote_call(_LOAD_FAILED, _remote.load_model, name, parameters)
-        return
-    service = _service(_LOAD_FAILED)
-    _wait(service, service.load_model(name, parameters), _LOAD_FAILED)
+    _call(_LOAD_FAILED, lambda link: link.load_model(name, parameters))
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
@@ -67,14 +41,9 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     name = _text("model_name", model_name)
     if not isinstance(unload_dependents, bool):
         raise TypeError("unload_dependents must be a bool")
-    if _remote is not None:
-        _check_phase(_UNLOAD_FAILED)
-        _remote_call(_UNLOAD_FAILED, _remote.unload_model, name)
-        return
-    service = _service(_UNLOAD_FAILED)
     # Triton's "dependents" of an ensemble are its composing models loaded only for it.
     parameters = {"unload_dependents": True} if unload_dependents else {}
-    _wait(service, service.unload_model(name, parameters), _UNLOAD_FAILED)
+    _call(_UNLOAD_FAILED, lambda link: link.unload_model(name, parameters))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
@@ -84,14 +53,7 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """
     name = _text("model_name", model_name)
     version = _version(_text("model_version", model_version))
-    if _remote is not None:
-        _check_phase(_READINESS_FAILED)
-        return bool(_remote_call(_READINESS_FAILED, _remote.is_model_ready, name, version))
-    service = _service(_READINESS_FAILED)
-    try:
-        return service.model(name, version).is_ready()
-    except TritiumError as exc:
-        raise TritonModelException(_READINESS_FAILED + exc.message) from None
+    return bool(_call(_READINESS_FAILED, lambda link: link.is_model_ready(name, version)))
 
 
 def _text(argument: str, value: Any) -> str:
@@ -139,30 +101,14 @@ def _check_phase(prefix: str) -> None:
         )
 
 
-def _remote_call(prefix: str, function: Any, *args: Any) -> Any:
-    try:
-        return function(*args)
-    except TritiumError as exc:
-        raise TritonModelException(prefix + exc.message) from None
-
-
-def _service(prefix: str) -> InferenceService:
+def _call(prefix: str, work: Callable[[ServerLink], T]) -> T:
+    """``work`` on the server link, its refusal raised with Triton's ``prefix``."""
     _check_phase(prefix)
-    service = scope.current_service()
-    if service is None:
+    link = scope.current_link()
+    if link is None:
         raise TritonModelException(f"{prefix}the model loading API needs a running server")
-    return service
-
-
-def _wait(service: InferenceService, work: Coroutine[Any, Any, T], prefix: str) -> T:
     try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is service.loop:
-        work.close()
-        raise TritonModelException(f"{prefix}cannot wait on the server's event loop")
-    try:
-        return asyncio.run_coroutine_threadsafe(work, service.loop).result()
+        return work(link)
     except TritiumError as exc:
         raise TritonModelException(prefix + exc.message) from None
+

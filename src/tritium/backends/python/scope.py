@@ -6,9 +6,12 @@ import enum
 from collections.abc import Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tritium.core.request import AdmittedRequest
-from tritium.core.service import InferenceService
+
+if TYPE_CHECKING:
+    from tritium.backends.python.link import ServerLink
 
 
 class Phase(enum.Enum):
@@ -27,7 +30,7 @@ class ExecutionScope:
     """Set around a model's execute: a ContextVar follows both its thread and its asyncio
     tasks, so a BLS call made from there finds its parents without being told."""
 
-    service: InferenceService | None
+    link: ServerLink | None  # how this model's code reaches the server
     model_dir: str
     requests: Sequence[AdmittedRequest] = ()
     phase: Phase = Phase.EXECUTE
@@ -35,9 +38,9 @@ class ExecutionScope:
 
 _current: ContextVar[ExecutionScope | None] = ContextVar("tritium_python_scope", default=None)
 # Threads a model starts itself do not inherit context variables; their BLS calls use the
-# service of the most recently created python instance (one server per process) and
-# have no parent to follow.
-_fallback_service: InferenceService | None = None
+# link of the most recently created python instance (one server per process, and one
+# link per instance process) and have no parent to follow.
+_fallback_link: ServerLink | None = None
 
 
 def enter(scope: ExecutionScope) -> Token[ExecutionScope | None]:
@@ -52,16 +55,17 @@ def current() -> ExecutionScope | None:
     return _current.get()
 
 
-def register_service(service: InferenceService) -> None:
-    global _fallback_service
-    _fallback_service = service
+def register_link(link: ServerLink | None) -> None:
+    """The link for model code outside any scope (threads the model started)."""
+    global _fallback_link
+    _fallback_link = link
 
 
-def current_service() -> InferenceService | None:
+def current_link() -> ServerLink | None:
     scope = _current.get()
-    if scope is not None and scope.service is not None:
-        return scope.service
-    return _fallback_service
+    if scope is not None and scope.link is not None:
+        return scope.link
+    return _fallback_link
 
 
 def current_parents() -> Sequence[AdmittedRequest]:

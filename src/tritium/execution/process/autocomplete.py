@@ -26,14 +26,8 @@ ANSWER_FD_ENV = "TRITIUM_AUTOCOMPLETE_FD"
 TIMEOUT_S = 300.0
 
 
-def wanted(config: Any) -> bool:
-    from tritium.execution.process import choice
-
-    return choice.kind_for(config) == "process"
-
-
 def complete_in_process(model_dir: Path, config: Any) -> Any:
-    """The completed config, as ``loader.auto_complete_config`` returns it (blocking: the
+    """The completed config, as ``loader.auto_complete_config`` returns it in process (blocking: the
     repository calls it off the event loop)."""
     from tritium.execution.process import environment
 
@@ -81,15 +75,14 @@ def main() -> int:
     from tritium.execution.process import death
 
     death.die_with_parent(None)
-    from tritonclient.grpc import model_config_pb2
-
     from tritium.backends.python.errors import describe_exception
-    from tritium.backends.python.loader import auto_complete_here
+    from tritium.backends.python.loader import auto_complete_config
+    from tritium.core.config_pb import model_config_pb2
 
     config = model_config_pb2.ModelConfig()
     config.ParseFromString(sys.stdin.buffer.read())
     try:
-        completed = auto_complete_here(Path(sys.argv[1]), config)
+        completed = auto_complete_config(Path(sys.argv[1]), config)
         answer = b"OK" + completed.SerializeToString()
     except TritiumError as exc:
         answer = b"ER" + json.dumps([exc.code.name, exc.message]).encode()

@@ -7,7 +7,7 @@ decoupled rules are the same. The child request's cancellation follows the reque
 calling ``execute`` runs (``Cancellation.following``: with several, once all of them are
 cancelled), and the call's own cancellation (``ResponseIterator.cancel()``, a cancelled
 ``async_exec`` future, the instance going away) cancels it too. Tensors travel as buffers
-(wire.py), never pickled.
+(wire.py), never through the codec.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _response(reply: Reply | Result) -> CoreResponse:
 
 
 class RemoteBls:
-    """backends.python.bls.RemoteBls over the link."""
+    """The BLS half of the remote server link (remote.py)."""
 
     def __init__(self, link: ChildLink):
         self._link = link
@@ -227,6 +227,3 @@ class CallResponses:
             exc = TritiumError(ErrorCode.INTERNAL, "BLS response stream ended without FINAL")
         return _failure(exc)
 
-
-def install(link: ChildLink) -> None:
-    backend_bls.install_remote(RemoteBls(link))

@@ -1,10 +1,10 @@
 """Calls model code in an instance process makes back into the server: their kinds, the
-handlers that serve them on the server loop, and the proxies the child installs.
+handlers that serve them on the server loop.
 
-The child reaches the server only through its link to the parent (``channel.child_link()``):
-BLS, custom metrics, ``pb_utils.Logger`` and the model loading API become calls of a kind
-named here, served by the parent with the same code the thread kind runs in process, so a
-model behaves the same under both kinds.
+Model code in the child reaches the server only through its server link (remote.py): BLS,
+custom metrics, ``pb_utils.Logger`` and the model loading API become calls of a kind named
+here, served by the parent with the same code the thread kind runs in process, so a model
+behaves the same under both kinds.
 """
 
 from __future__ import annotations
@@ -66,14 +66,3 @@ def _handlers() -> dict[str, Handler]:
 
 
 HANDLERS: dict[str, Handler] = _handlers()
-
-
-def install_child(link: ChildLink) -> None:
-    """In the instance process, before model code is imported: route what model code asks
-    of the server through ``link``."""
-    from tritium.execution.process import bls, control, logger, metrics
-
-    bls.install(link)
-    metrics.install(link)
-    logger.install(link)
-    control.install(link)

@@ -1,10 +1,17 @@
 """Framed messages between the server and an instance process over a Unix socketpair.
 
-A frame is a 4-byte little-endian length and a pickled tuple ``(kind, *fields)``: small
-metadata only; tensor bytes travel through the shared-memory arenas (shm.py) and a frame
-names their block. The server's end is read by its event loop (``add_reader``) and never
-blocks; the child's end blocks. Besides execute traffic the child can start *calls*
-(BLS, metrics, logging: calls.py) and receive any number of replies to each.
+Each frame is one message of messages.py, in the one codec (codec.py): small metadata
+only; tensor bytes travel through the shared-memory arenas (shm.py) and a message names
+their block. The server's end is read by its event loop (``add_reader``) and never blocks;
+the child's end blocks. Besides execute traffic the child can start *calls* (BLS,
+metrics, logging: calls.py) and receive any number of replies to each.
+
+The server's end treats the child as untrusted: a frame that does not decode, one larger
+than ``codec.MAX_FRAME``, or a child that keeps the channel full for ``flood_s`` seconds
+ends the channel with the reason (``on_broken``), and the instance with it. One turn of the
+loop decodes at most ``FRAMES_PER_TURN`` frames; while more wait, the socket is not read,
+so a child sending faster than the server handles its frames blocks in ``send``, and the
+other models' work keeps its turns.
 """
 
 from __future__ import annotations
@@ -12,95 +19,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import pickle
+import os
 import socket
-import struct
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from tritium.core.cancellation import Cancellation
-from tritium.core.errors import ErrorCode, TritiumError
-from tritium.execution.process.shm import EMPTY, ArenaReader, ArenaWriter, Packed
+from tritium.execution.process import messages as msg
+from tritium.execution.process.codec import FrameError, FrameReader, decode, encode
+from tritium.execution.process.messages import EMPTY, Packed
+from tritium.execution.process.shm import ArenaReader, ArenaWriter
 
 FDS_ENV = "TRITIUM_PROCESS_FDS"  # the child's descriptors: socket, arena in, arena out, flags
-GONE = 0  # handed to the child's ``on_frame`` when the server's end closes
-# Frame kinds, server -> child.
-INIT, EXECUTE, STOP, REPLY, REPLY_ERROR = 1, 2, 3, 4, 5
-# Frame kinds, child -> server.
-READY, INIT_FAILED, RESPONSES, DONE, CALL, CALL_CANCEL, STOPPED = 10, 11, 12, 13, 14, 15, 16
-
-Frame = tuple[Any, ...]
-_LENGTH = struct.Struct("<I")
 _READ_SIZE = 1 << 18
-
-
-def encode(frame: Frame) -> bytes:
-    body = pickle.dumps(frame, protocol=5)
-    return _LENGTH.pack(len(body)) + body
-
-
-def encode_error(exc: BaseException) -> object:
-    """An exception as it can cross: TritiumError by its code, others pickled if they
-    survive it, else as their text."""
-    if isinstance(exc, TritiumError):
-        return ("tritium", exc.code.name, exc.message)
-    try:
-        if type(pickle.loads(pickle.dumps(exc))) is type(exc):
-            return exc
-    except Exception:
-        pass
-    return ("text", f"{type(exc).__name__}: {exc}")
-
-
-def decode_error(value: object) -> BaseException:
-    if isinstance(value, BaseException):
-        return value
-    if isinstance(value, tuple) and len(value) == 3 and value[0] == "tritium":
-        return TritiumError(ErrorCode[value[1]], value[2])
-    return CallFailed(str(value[1]) if isinstance(value, tuple) else str(value))
-
-
-class FrameReader:
-    """Cuts a byte stream into frames; keeps what is left of a partial one."""
-
-    def __init__(self) -> None:
-        self._pending = bytearray()
-        # Received into, again and again: ``recv(n)`` would allocate n bytes each time (and
-        # for n this large, glibc maps and unmaps them: ~50 µs a call, measured).
-        self._buffer = bytearray(_READ_SIZE)
-        self._view = memoryview(self._buffer)
-
-    def receive(self, sock: socket.socket) -> list[Frame] | None:
-        """The frames completed by one read of ``sock``; None at end of file."""
-        count = sock.recv_into(self._buffer)
-        if not count:
-            return None
-        return self.feed(self._view[:count])
-
-    def feed(self, data: bytes | memoryview) -> list[Frame]:
-        if self._pending:
-            self._pending += data
-            buffer: bytes | bytearray | memoryview = self._pending
-        else:
-            buffer = data
-        frames: list[Frame] = []
-        at, end = 0, len(buffer)
-        view = memoryview(buffer)
-        while end - at >= 4:
-            (length,) = _LENGTH.unpack_from(buffer, at)
-            if end - at - 4 < length:
-                break
-            frames.append(pickle.loads(view[at + 4:at + 4 + length]))
-            at += 4 + length
-        view.release()
-        if at == end:
-            self._pending = bytearray()
-        elif buffer is self._pending:
-            del self._pending[:at]
-        else:
-            self._pending = bytearray(buffer[at:])
-        return frames
+FRAMES_PER_TURN = 64
+FLOOD_S = float(os.environ.get("TRITIUM_PROCESS_FLOOD_SECS", 10.0))
 
 
 # -- the server's end --------------------------------------------------------------
@@ -112,24 +47,35 @@ class ParentChannel:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 on_frame: Callable[[Frame], None], on_eof: Callable[[], None]) -> None:
+                 on_message: Callable[[Any], None], on_eof: Callable[[], None],
+                 on_broken: Callable[[str], None], flood_s: float = FLOOD_S) -> None:
         self._loop = loop
         self._sock = sock
+        self._fd = sock.fileno()
         sock.setblocking(False)
-        self._on_frame = on_frame
+        self._on_message = on_message
         self._on_eof = on_eof
-        self._reader = FrameReader()
+        self._on_broken = on_broken
+        self._flood_s = flood_s
+        self._frames = FrameReader()
+        # Received into, again and again: ``recv(n)`` would allocate n bytes each time (and
+        # for n this large, glibc maps and unmaps them: ~50 µs a call, measured).
+        self._buffer = bytearray(_READ_SIZE)
+        self._view = memoryview(self._buffer)
         self._outgoing: list[bytes] = []
         self._backlog = bytearray()  # what the socket did not take yet
         self._flush_pending = False
         self._writing = False
+        self._reading = True
+        self._full_since = 0.0  # since when every read brought more than a turn's frames
+        self._paused = False  # the frames of the current read needed more than one turn
         self.closed = False
-        loop.add_reader(sock.fileno(), self._readable)
+        loop.add_reader(self._fd, self._readable)
 
-    def send(self, frame: Frame) -> None:
+    def send(self, message: Any) -> None:
         if self.closed:
             return
-        self._outgoing.append(encode(frame))
+        self._outgoing.append(encode(message))
         if not self._flush_pending:
             self._flush_pending = True
             self._loop.call_soon(self._flush)
@@ -156,35 +102,92 @@ class ParentChannel:
             self._backlog += data[sent:]
             if not self._writing:
                 self._writing = True
-                self._loop.add_writer(self._sock.fileno(), self._writable)
+                self._loop.add_writer(self._fd, self._writable)
 
     def _writable(self) -> None:
         backlog, self._backlog = self._backlog, bytearray()
-        self._loop.remove_writer(self._sock.fileno())
+        self._loop.remove_writer(self._fd)
         self._writing = False
         self._write(backlog)
 
+    # -- reading -------------------------------------------------------------
     def _readable(self) -> None:
         try:
-            frames = self._reader.receive(self._sock)
+            count = self._sock.recv_into(self._buffer)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            frames = None
-        if frames is None:
+            count = 0
+        if not count:
             self.close()
             self._on_eof()
             return
-        for frame in frames:
-            self._on_frame(frame)
+        self._frames.feed(self._view[:count])
+        self._paused = False
+        self._drain()
+
+    def _drain(self) -> None:
+        if self.closed:
+            return
+        try:
+            for body in self._frames.bodies(FRAMES_PER_TURN):
+                self._on_message(decode(body))
+                if self.closed:
+                    return
+            more = self._frames.has_frame()
+        except FrameError as exc:
+            self._broken(str(exc))
+            return
+        except Exception as exc:  # what a frame made of the server's state: end it here
+            self._broken(f"its frame could not be handled: {type(exc).__name__}: {exc}")
+            return
+        if more:
+            self._pause()
+            return
+        # A read whose frames all fit one turn: the child is not flooding. Only reads that
+        # each need more turns than one, back to back for flood_s, are a flood.
+        if not self._paused:
+            self._full_since = 0.0
+        self._resume()
+
+    def _flooding(self) -> bool:
+        """Whether the channel has been full for longer than ``flood_s`` (then it ends)."""
+        now = time.monotonic()
+        if not self._full_since:
+            self._full_since = now
+        elif now - self._full_since > self._flood_s:
+            self._broken(f"it kept its channel full for over {self._flood_s:g} s (a flood "
+                         "of frames)")
+            return True
+        return False
+
+    def _pause(self) -> None:
+        """More than a turn's frames wait: handle them next turn, read nothing meanwhile."""
+        self._paused = True
+        if self._flooding():
+            return
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self._fd)
+        self._loop.call_soon(self._drain)
+
+    def _resume(self) -> None:
+        if not self._reading:
+            self._reading = True
+            self._loop.add_reader(self._fd, self._readable)
+
+    def _broken(self, reason: str) -> None:
+        self.close()
+        self._on_broken(reason)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self._loop.remove_reader(self._sock.fileno())
+        if self._reading:
+            self._loop.remove_reader(self._fd)
         if self._writing:
-            self._loop.remove_writer(self._sock.fileno())
+            self._loop.remove_writer(self._fd)
         self._sock.close()
 
 
@@ -210,7 +213,7 @@ class CallContext:
 
 # -- the child's end ---------------------------------------------------------------
 class CallFailed(Exception):
-    """A call's server-side handler raised something that could not travel as it is."""
+    """A call ended without the answer it was made for."""
 
 
 class Call:
@@ -258,7 +261,7 @@ class Call:
 
     def cancel(self) -> None:
         if not self._done:
-            self._link.send((CALL_CANCEL, self.call_id))
+            self._link.send(msg.CallCancel(self.call_id))
 
     async def async_replies(self) -> AsyncIterator[tuple[object, list[memoryview], bool]]:
         while True:
@@ -306,18 +309,19 @@ class ChildLink:
         self.condition = threading.Condition()
         self._reading = False
         self._frames = FrameReader()
-        self._calls: dict[int, Call] = {}
+        self._buffer = bytearray(_READ_SIZE)
+        self._calls: dict[int, Any] = {}  # Call, or a fork's relayed call
         self._next_call = 0
         self.closed = False
-        # Set by the stub: what to do with frames that are not replies, and the arenas.
-        self.on_frame: Callable[[Frame], None] = lambda frame: None
+        # Set by the stub: what to do with messages that are not replies, and the arenas.
+        self.on_frame: Callable[[Any], None] = lambda message: None
         self.writer: ArenaWriter | None = None
         self.reader: ArenaReader | None = None
         self.parent_slots: Callable[[], list[int]] = lambda: []
 
     # -- sending -------------------------------------------------------------
-    def send(self, frame: Frame) -> None:
-        data = encode(frame)
+    def send(self, message: Any) -> None:
+        data = encode(message)
         with self._send_lock:
             self._sock.sendall(data)
 
@@ -337,12 +341,26 @@ class ChildLink:
             self._calls[call.call_id] = call
         slots = self.parent_slots() if parents is None else list(parents)
         try:
-            self.send((CALL, call.call_id, kind, payload, self.pack(buffers), slots))
+            self.send(msg.Call(call.call_id, kind, payload, self.pack(buffers), slots))
         except OSError as exc:
             with self.condition:
                 self._calls.pop(call.call_id, None)
                 call._deliver(CallFailed(f"the server is gone: {exc}"))
         return call
+
+    def relay(self, call: msg.Call, relayed: Any) -> int:
+        """Send a call a fork of the model made (forked.py) as one of ours; its replies go
+        to ``relayed.forward`` as they come, their tensors unread. Returns its id here."""
+        with self.condition:
+            self._next_call += 1
+            call_id = self._next_call
+            self._calls[call_id] = relayed
+        self.send(msg.Call(call_id, call.kind, call.payload, call.buffers, []))
+        # The instance's own threads may all be busy elsewhere (execute waits on the pool):
+        # a thread waits for the replies, reading whenever no other thread does.
+        threading.Thread(target=self._read_until, args=(lambda: call_id not in self._calls,),
+                         daemon=True, name="tritium-relay-reader").start()
+        return call_id
 
     def close(self) -> None:
         self._sock.close()
@@ -365,9 +383,11 @@ class ChildLink:
             self._read_once()
 
     def ensure_reading(self, ready: Callable[[], bool]) -> None:
-        """Make sure some thread reads until ``ready()``: start one if none does."""
+        """Make sure some thread reads until ``ready()``: one that waits for it and reads
+        whenever no other thread does (the one reading now may stop once it has its own
+        answer)."""
         with self.condition:
-            if self._reading or ready():
+            if ready():
                 return
         threading.Thread(target=self._read_until, args=(ready,), daemon=True,
                          name="tritium-call-reader").start()
@@ -383,52 +403,52 @@ class ChildLink:
 
     def _read_once(self) -> None:
         try:
-            received = self._frames.receive(self._sock)
+            count = self._sock.recv_into(self._buffer)
         except OSError:
-            received = None
-        frames = [(GONE,)] if received is None else received
+            count = 0
+        messages: list[Any] = []
+        if count:
+            self._frames.feed(memoryview(self._buffer)[:count])
+            # The server is trusted as far as the child goes: a frame it cannot read ends
+            # the child's link as end of file would.
+            try:
+                messages = [decode(body) for body in self._frames.bodies(1 << 30)]
+            except FrameError:
+                count = 0
+        if not count:
+            messages = [msg.GONE]
         # Dispatched under the condition (``on_frame`` only queues), so that a thread woken
         # by notify_all finds what it waits for instead of blocking in recv.
         with self.condition:
             self._reading = False
-            if received is None:
+            if not count:
                 self.closed = True
                 for call in self._calls.values():
-                    call._deliver(EOFError("the server closed the channel"))
+                    if isinstance(call, Call):
+                        call._deliver(EOFError("the server closed the channel"))
                 self._calls.clear()
-            for frame in frames:
-                if frame[0] in (REPLY, REPLY_ERROR):
-                    self._reply(frame)
+            for message in messages:
+                if type(message) in (msg.Reply, msg.ReplyError):
+                    self._reply(message)
                 else:
-                    self.on_frame(frame)
+                    self.on_frame(message)
             self.condition.notify_all()
 
-    def _reply(self, frame: Frame) -> None:
-        call = self._calls.get(frame[1])
+    def _reply(self, message: msg.Reply | msg.ReplyError) -> None:
+        call = self._calls.get(message.call_id)
         if call is None:
             return
-        if frame[0] == REPLY_ERROR:
-            del self._calls[frame[1]]
-            call._deliver(decode_error(frame[2]))
+        if not isinstance(call, Call):  # a fork's (forked.py): passed on as it came
+            if isinstance(message, msg.ReplyError) or message.final:
+                del self._calls[message.call_id]
+            call.forward(message)
             return
-        _, call_id, payload, packed, final = frame
+        if isinstance(message, msg.ReplyError):
+            del self._calls[message.call_id]
+            call._deliver(message.error.error())
+            return
         assert self.reader is not None
-        buffers = self.reader.unpack_buffers(packed) if packed[1] else []
-        if final:
-            del self._calls[call_id]
-        call._deliver((payload, buffers, final))
-
-
-_link: ChildLink | None = None
-
-
-def set_child_link(link: ChildLink) -> None:
-    global _link
-    _link = link
-
-
-def child_link() -> ChildLink:
-    """This instance process's link to the server (only inside an instance process)."""
-    if _link is None:
-        raise RuntimeError("not running inside a tritium instance process")
-    return _link
+        buffers = self.reader.unpack_buffers(message.buffers) if message.buffers.tensors else []
+        if message.final:
+            del self._calls[message.call_id]
+        call._deliver((message.payload, buffers, message.final))

@@ -3,17 +3,15 @@ process: the server's own repository calls, run on the server loop.
 
 The arguments and the phase are checked in the child by the same code as the thread kind
 (backends/python/model_control.py); refusals come back as the server's error, which the
-child raises with Triton's prefix.
+child raises with Triton's prefix (the call's error: one shape, messages.ErrorBody).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tritium.backends.python import model_control
-from tritium.core.errors import TritiumError
 from tritium.core.service import InferenceService
-from tritium.execution.process.wire import decode_error, encode_error
+from tritium.execution.process.codec import convert
 
 if TYPE_CHECKING:
     from tritium.execution.process.calls import CallContext, ChildLink, Handler
@@ -28,59 +26,43 @@ def service_of(ctx: CallContext) -> InferenceService:
     return service
 
 
+# A refusal raises TritiumError, which crosses as the call's error (ReplyError).
 async def serve_load(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, parameters = payload
-    await _answer(ctx, service_of(ctx).load_model(name, parameters))
+    name, parameters = convert(tuple[str, dict[str, Any]], payload)
+    await service_of(ctx).load_model(name, parameters)
+    ctx.reply(None, final=True)
 
 
 async def serve_unload(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    await _answer(ctx, service_of(ctx).unload_model(payload, {}))
+    name, parameters = convert(tuple[str, dict[str, Any]], payload)
+    await service_of(ctx).unload_model(name, parameters)
+    ctx.reply(None, final=True)
 
 
 async def serve_ready(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, version = payload
-    try:
-        ready = service_of(ctx).model(name, version).is_ready()
-    except TritiumError as exc:
-        ctx.reply((None, encode_error(exc)), final=True)
-        return
-    ctx.reply((ready, None), final=True)
-
-
-async def _answer(ctx: CallContext, work: Any) -> None:
-    try:
-        await work
-    except TritiumError as exc:
-        ctx.reply((None, encode_error(exc)), final=True)
-        return
-    ctx.reply((None, None), final=True)
+    name, version = convert(tuple[str, int | None], payload)
+    ctx.reply(service_of(ctx).model(name, version).is_ready(), final=True)
 
 
 HANDLERS: dict[str, Handler] = {LOAD: serve_load, UNLOAD: serve_unload, READY: serve_ready}
 
 
 class RemoteControl:
-    """model_control.RemoteControl over the link; each call waits for the server."""
+    """The model control half of the remote server link; each call waits for the server."""
 
     def __init__(self, link: ChildLink):
         self._link = link
 
     def _call(self, kind: str, payload: object) -> Any:
-        (value, error), _ = self._link.call(kind, payload).result()
-        failure = decode_error(error)
-        if failure is not None:
-            raise failure
+        value, _ = self._link.call(kind, payload).result()
         return value
 
     def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         self._call(LOAD, (name, parameters))
 
-    def unload_model(self, name: str) -> None:
-        self._call(UNLOAD, name)
+    def unload_model(self, name: str, parameters: dict[str, Any]) -> None:
+        self._call(UNLOAD, (name, parameters))
 
     def is_model_ready(self, name: str, version: int | None) -> bool:
         return bool(self._call(READY, (name, version)))
 
-
-def install(link: ChildLink) -> None:
-    model_control.install_remote(RemoteControl(link))

@@ -50,11 +50,14 @@ class FlagTable:
         self._free.append(slot)
 
     def _set(self, slot: int, generation: int, cancellation: Cancellation) -> None:
-        if self._generation[slot] == generation and cancellation.reason is not None:
+        if (self._generation[slot] == generation and cancellation.reason is not None
+                and not self._mm.closed):
             self._mm[slot] = _CODES[cancellation.reason]
 
     def close(self) -> None:
+        """The memfd and the mapping's own descriptor (mmap keeps a duplicate), now."""
         os.close(self.fd)
+        self._mm.close()
 
 
 class FlagView:

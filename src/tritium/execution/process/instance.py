@@ -1,6 +1,6 @@
 """ProcessInstance: a model instance whose code runs in a process of its own (a stub).
 
-Same interface as ``execution.instance.ModelInstance``. The server side lives on the event
+Driven by ``supervisor.SupervisedInstance``. The server side lives on the event
 loop: ``submit`` copies a batch's inputs into the shared-memory arena and sends one small
 EXECUTE frame; the child answers with one DONE frame carrying the returned responses (and
 RESPONSES frames for what a model sends itself, streamed as sent). Cancel flags live in
@@ -18,7 +18,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import Any
 
 from tritium.core.cancellation import Cancellation, CancelReason
@@ -42,9 +41,13 @@ from tritium.core.tracing import (
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo
 from tritium.execution.instance import end_unstarted, settle
+from tritium.execution.process import calls
 from tritium.execution.process import channel as ch
-from tritium.execution.process.channel import CallContext, Frame, ParentChannel
+from tritium.execution.process import messages as msg
+from tritium.execution.process.channel import CallContext, ParentChannel
+from tritium.execution.process.codec import FrameError
 from tritium.execution.process.flags import FlagTable
+from tritium.execution.process.messages import EMPTY, ErrorBody
 from tritium.execution.process.shm import (
     DEFAULT_CAPACITY,
     ArenaReader,
@@ -56,14 +59,15 @@ from tritium.execution.process.shm import layout as shm_layout
 
 log = logging.getLogger("tritium.execution")
 
-STUB_MODULE = "tritium.execution.process.stub"
-PARENT_PID_ENV = "TRITIUM_PARENT_PID"  # death.py: the pid the child must not outlive
+# The process the server starts: the guardian, which forks the instance process (stub).
+LAUNCH_MODULE = "tritium.execution.process.guardian"
+PARENT_PID_ENV = "TRITIUM_PARENT_PID"  # guardian.py: the pid it must not outlive
 DoneCallback = Callable[[Any, list[AdmittedRequest], int, list[ResponseStream]], None]
 _batch_ids = itertools.count(1)
 
 
 def default_command(info: InstanceInfo) -> list[str]:
-    return [sys.executable, "-m", STUB_MODULE]
+    return [sys.executable, "-m", LAUNCH_MODULE]
 
 
 class _Pending:
@@ -139,12 +143,13 @@ class ProcessInstance:
             os.close(down)
             os.close(up)
         self.pid = self._process.pid
-        self._channel = ParentChannel(self._loop, parent_sock, self._on_frame, self._on_eof)
+        self._channel = ParentChannel(self._loop, parent_sock, self._on_message, self._on_eof,
+                                      self._on_broken)
         self._loop.create_task(self._watch(self._process))
         placement = placement_module.current()
-        self._channel.send((ch.INIT, asdict(self.info), self.config.SerializeToString(),
-                            DEFAULT_CAPACITY, arena.ring_bytes, self._flags.slots,
-                            (placement.home, sorted(placement.everywhere))))
+        self._channel.send(msg.Init(self.info, self.config.SerializeToString(),
+                                    DEFAULT_CAPACITY, arena.ring_bytes, self._flags.slots,
+                                    sorted(placement.everywhere)))
         await asyncio.shield(self._ready)
 
     def submit(self, batch: list[AdmittedRequest]) -> None:
@@ -171,15 +176,24 @@ class ProcessInstance:
             inputs = list(core.inputs.values())
             tensors.extend(inputs)
             trace = core.trace
-            descs.append((slot, core.id, core.correlation_id, core.flags, core.timeout_us,
-                          core.parameters, core.requested_output_names(), core.model_name,
-                          len(inputs), None if trace is None else trace.context() or ""))
+            descs.append(msg.RequestDesc(
+                slot, core.id, core.correlation_id, core.flags, core.timeout_us,
+                dict(core.parameters), core.requested_output_names(), core.model_name,
+                len(inputs), None if trace is None else trace.context() or ""))
+        try:
+            packed = self._writer.pack(tensors)
+        except TritiumError as exc:  # too large for the arena and for a frame
+            for slot in slots:
+                self._release(slot)
+            self._fail(live, exc)
+            self._loop.call_soon(self._on_done, self, batch, -1, [])
+            return
         batch_id = next(_batch_ids)
         self._batches[batch_id] = _Batch(batch, slots)
         traces = traces_of(live)
         if traces is not None:  # the compute span covers the round trip to the process
             record(traces, COMPUTE_START, self._batches[batch_id].started)
-        self._channel.send((ch.EXECUTE, batch_id, descs, self._writer.pack(tensors)))
+        self._channel.send(msg.Execute(batch_id, descs, packed))
         if traces is not None:
             record(traces, COMPUTE_INPUT_END, time.monotonic_ns())
 
@@ -187,7 +201,7 @@ class ProcessInstance:
         """Ask the process to finalize the model and exit; see ``wait_stopped``."""
         self._stopping = True
         if self._channel is not None and not self._dead:
-            self._channel.send((ch.STOP,))
+            self._channel.send(msg.Stop())
 
     async def wait_stopped(self) -> None:
         if self._process is None:
@@ -205,8 +219,10 @@ class ProcessInstance:
         return not self._dead
 
     def kill(self) -> None:
+        """End the instance process and everything it started, at once (the guardian
+        SIGKILLs the whole tree when it is asked to end)."""
         if self._process is not None and self.returncode is None:
-            self._process.kill()
+            self._process.terminate()
 
     def crash_error(self) -> TritiumError:
         """What the requests in flight get when the process is gone (Triton's words)."""
@@ -214,65 +230,66 @@ class ProcessInstance:
                             f"Failed to process the request(s) for model '{self.info.model_name}'"
                             f", message: Stub process '{self.name}' is not healthy.")
 
-    # -- frames from the child -----------------------------------------------
-    def _on_frame(self, frame: Frame) -> None:
-        kind = frame[0]
-        if kind == ch.DONE:
-            self._done(frame[1], frame[2], frame[3], frame[4])
-        elif kind == ch.RESPONSES:
-            for slot, response in frame[1]:
-                self._deliver(slot, response)
-        elif kind == ch.CALL:
-            self._start_call(*frame[1:])
-        elif kind == ch.CALL_CANCEL:
-            entry = self._calls.get(frame[1])
+    # -- messages from the child ---------------------------------------------
+    def _on_message(self, message: Any) -> None:
+        kind = type(message)
+        if kind is msg.Done:
+            self._done(message)
+        elif kind is msg.Responses:
+            for body in message.items:
+                self._deliver(body)
+        elif kind is msg.Call:
+            self._start_call(message)
+        elif kind is msg.CallCancel:
+            entry = self._calls.get(message.call_id)
             if entry is not None:
                 entry[0].cancellation.cancel(CancelReason.CLIENT_CANCELLED)
-        elif kind == ch.READY:
-            self.decoupled, self.is_async = frame[1], frame[2]
+        elif kind is msg.Ready:
+            self.decoupled, self.is_async = message.decoupled, message.is_async
+            self.pid = message.pid  # what logs name: the process that runs model code
             settle(self._ready, None)
-        elif kind == ch.INIT_FAILED:
-            settle(self._ready, TritiumError(ErrorCode[frame[1]], frame[2]))
+        elif kind is msg.InitFailed:
+            settle(self._ready, message.error.error())
+        elif kind is not msg.Stopped:
+            raise FrameError(f"an instance process does not send {kind.__name__}")
 
-    def _deliver(self, slot: int, packed: tuple[Any, ...]) -> None:
-        pending = self._pending.get(slot)
+    def _deliver(self, body: msg.ResponseBody) -> None:
+        pending = self._pending.get(body.slot)
         if pending is None:
             return
-        final, flag_only, error, parameters, tensors = packed
-        if flag_only:
+        if body.flag_only:
             response = InferenceResponse.final_flag()
-        elif error is not None:
-            response = InferenceResponse(error=TritiumError(ErrorCode[error[0]], error[1]),
-                                         final=final)
+        elif body.error is not None:
+            response = InferenceResponse(error=body.error.error(), final=body.final)
         else:
             assert self._reader is not None
+            tensors = body.tensors or EMPTY
             response = InferenceResponse(outputs=self._reader.unpack(tensors),
-                                         parameters=parameters, final=final)
+                                         parameters=body.parameters or {}, final=body.final)
         try:
             pending.request.stream.send_nowait(response)
         except StreamClosedError:
             log.error("instance %s: a response after the final one was dropped", self.name)
-        if final:
+        if body.final:
             pending.final = True
             if pending.batch_done:
-                self._release(slot)
+                self._release(body.slot)
 
-    def _done(self, batch_id: int, elapsed: int, responses: list[Any],
-              released: list[tuple[int, int]]) -> None:
-        for slot, flags in released:
-            pending = self._pending.get(slot)
+    def _done(self, done: msg.Done) -> None:
+        for released in done.released:
+            pending = self._pending.get(released.slot)
             if pending is not None:
-                pending.request.release_flags = flags
-        entry = self._batches.get(batch_id)
+                pending.request.release_flags = released.flags
+        entry = self._batches.get(done.batch_id)
         traces = None if entry is None else traces_of(entry.batch)
         if traces is not None:
             record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
         # The responses execute returned wake when on_done says (as an instance thread's
         # do: the scheduler may hold them back to keep the dispatch order).
         with DeferredWakes() as woken:
-            for slot, response in responses:
-                self._deliver(slot, response)
-        entry = self._batches.pop(batch_id, None)
+            for body in done.responses:
+                self._deliver(body)
+        entry = self._batches.pop(done.batch_id, None)
         if entry is None:
             wake_all(woken)
             return
@@ -284,7 +301,7 @@ class ProcessInstance:
                 pending.batch_done = True
                 if pending.final:
                     self._release(slot)
-        self._on_done(self, entry.batch, elapsed, woken)
+        self._on_done(self, entry.batch, done.elapsed_ns, woken)
 
     def request_in(self, slot: int) -> AdmittedRequest | None:
         """The request the child holds in ``slot``, if any (BLS calls name their parent)."""
@@ -296,24 +313,21 @@ class ProcessInstance:
         self._flags.release(slot)
 
     # -- calls the child makes -------------------------------------------------
-    def _start_call(self, call_id: int, kind: str, payload: object, packed: Any,
-                    slots: list[int]) -> None:
+    def _start_call(self, call: msg.Call) -> None:
         assert self._reader is not None
-        buffers = self._reader.unpack_buffers(packed)
-        parents = [self._pending[s].request for s in slots if s in self._pending]
-        context = CallContext(self, call_id, parents, self._send_reply, Cancellation(self._loop))
-        task = self._loop.create_task(self._run_call(context, kind, payload, buffers))
-        self._calls[call_id] = (context, task)
+        if call.call_id in self._calls:
+            raise FrameError(f"call {call.call_id} was started twice")
+        buffers = self._reader.unpack_buffers(call.buffers)
+        parents = [self._pending[s].request for s in call.parents if s in self._pending]
+        context = CallContext(self, call.call_id, parents, self._send_reply,
+                              Cancellation(self._loop))
+        task = self._loop.create_task(self._run_call(context, call.kind, call.payload, buffers))
+        self._calls[call.call_id] = (context, task)
 
     async def _run_call(self, context: CallContext, kind: str, payload: object,
                         buffers: list[memoryview]) -> None:
         try:
-            from tritium.execution.process import calls  # BRIDGE's registry
-            handlers = getattr(calls, "HANDLERS", {})
-        except ImportError:
-            handlers = {}
-        try:
-            handler = handlers.get(kind)
+            handler = calls.HANDLERS.get(kind)
             if handler is None:
                 raise TritiumError(ErrorCode.UNSUPPORTED, f"no handler for call '{kind}'")
             await handler(context, payload, buffers)
@@ -322,7 +336,7 @@ class ProcessInstance:
         except Exception as exc:
             if not context.finished and self._channel is not None:
                 context.finished = True
-                self._channel.send((ch.REPLY_ERROR, context.call_id, ch.encode_error(exc)))
+                self._channel.send(msg.ReplyError(context.call_id, ErrorBody.of(exc)))
         finally:
             self._calls.pop(context.call_id, None)
 
@@ -331,8 +345,15 @@ class ProcessInstance:
         if self._channel is None or self._dead:
             return
         assert self._writer is not None
-        packed = self._writer.pack_buffers(buffers) if buffers else ch.EMPTY
-        self._channel.send((ch.REPLY, call_id, payload, packed, final))
+        packed = self._writer.pack_buffers(buffers) if buffers else EMPTY
+        self._channel.send(msg.Reply(call_id, payload, packed, final))
+
+    # -- a broken or hostile child ----------------------------------------------
+    def _on_broken(self, reason: str) -> None:
+        """The child sent what no instance process may: it ends now (and is restarted)."""
+        log.error("instance process %s (pid %s) of model '%s' is ended: %s", self.name,
+                  self.pid, self.info.model_name, reason)
+        self.kill()  # its exit (``_watch``) answers what it held
 
     # -- the end -------------------------------------------------------------
     def _on_eof(self) -> None:
@@ -345,11 +366,22 @@ class ProcessInstance:
         if self._channel is not None:
             self._channel.close()
         self._flags.close()
+        self._release_arenas()
         settle(self._ready, TritiumError(
             ErrorCode.INTERNAL, f"instance process of '{self.name}' exited ({code}) "
             "before the model was initialized"))
         if not self._exited.done():
             self._exited.set_result(code)
+
+    def _release_arenas(self) -> None:
+        """Unmap now what nothing reads any more: the arena to the child at once, the one
+        from it once the last response tensor that views it is gone (not at a cyclic GC:
+        the channel's callbacks, which name this object, go with it)."""
+        for arena in (self._writer, self._reader):
+            if arena is not None:
+                arena.close()
+        self._writer = self._reader = None
+        self._channel = None
 
     def _gone(self) -> None:
         """The child is gone: what it held fails now, every batch is reported done."""

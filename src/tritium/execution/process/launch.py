@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from tritium.execution.backend import InstanceInfo
+from tritium.execution.kinds import InstanceSpec
 from tritium.execution.placement import current
 from tritium.execution.process import death, environment
 from tritium.execution.process.environment import ExecutionEnvironment
-from tritium.execution.process.instance import STUB_MODULE, ProcessInstance
+from tritium.execution.process.instance import LAUNCH_MODULE, ProcessInstance
 from tritium.execution.process.supervisor import (
     ProcessDone,
     SlotDone,
@@ -58,7 +59,7 @@ def supervised_instance(info: InstanceInfo, config: Any, loop: asyncio.AbstractE
         process = ProcessInstance(info, config, loop, done, service)
         env = chosen[0] if chosen else None
         if env is not None:
-            process.spawn_command = lambda _info: env.command(STUB_MODULE, [])
+            process.spawn_command = lambda _info: env.command(LAUNCH_MODULE, [])
         process.spawn_env = lambda base: _spawn_env(base, env)
         return process
 
@@ -73,3 +74,9 @@ def _spawn_env(base: dict[str, str], env: ExecutionEnvironment | None) -> dict[s
     if cores:
         spawned[death.CORES_ENV] = ",".join(map(str, sorted(cores)))
     return spawned
+
+
+def build(spec: InstanceSpec) -> SupervisedInstance:
+    """The process kind: model code runs in a process of its own, restarted when it dies;
+    its calls to the server are served here with the server's service."""
+    return supervised_instance(spec.info, spec.config, spec.loop, spec.on_done, spec.service)

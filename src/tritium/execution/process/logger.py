@@ -12,7 +12,9 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.logging_settings import SERVER_LOGGER
+from tritium.execution.process.codec import convert
 
 if TYPE_CHECKING:
     from tritium.execution.process.calls import CallContext, ChildLink, Handler
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 LOG = "log"
 
 # The record's attributes that formatters read; the message is sent formatted, since its
-# arguments may not pickle.
+# arguments may be anything (the codec carries plain values only).
 _FIELDS = ("name", "levelno", "levelname", "pathname", "filename", "module", "lineno",
            "funcName", "created", "msecs", "relativeCreated", "thread", "threadName",
            "process", "processName", "stack_info")
@@ -31,8 +33,16 @@ async def serve_log(ctx: CallContext, payload: Any, buffers: list[memoryview]) -
     ctx.reply(None, final=True)
 
 
-def emit(fields: dict[str, Any]) -> None:
-    """Write a forwarded record through the server logger of the same name."""
+def emit(payload: Any) -> None:
+    """Write a forwarded record through the server logger of the same name (only the
+    attributes a record of ours carries, and only under the ``tritium`` tree)."""
+    sent = convert(dict[str, Any], payload)
+    fields = {name: sent.get(name) for name in (*_FIELDS, "msg", "exc_text")}
+    fields["args"] = None
+    if not isinstance(fields["name"], str) or not isinstance(fields["levelno"], int):
+        raise TritiumError(ErrorCode.INVALID_ARG, "a log record needs a name and a level")
+    if fields["name"] != SERVER_LOGGER and not fields["name"].startswith(SERVER_LOGGER + "."):
+        raise TritiumError(ErrorCode.INVALID_ARG, "log records come from the tritium tree")
     target = logging.getLogger(fields["name"])
     if target.isEnabledFor(fields["levelno"]):
         target.handle(logging.makeLogRecord(fields))
@@ -72,7 +82,8 @@ class ForwardingHandler(logging.Handler):
             self._inside.active = False
 
 
-def install(link: ChildLink) -> None:
+def forward_logs(link: ChildLink) -> None:
+    """In the instance process: the server writes this process's log lines."""
     server_logger = logging.getLogger(SERVER_LOGGER)
     server_logger.addHandler(ForwardingHandler(link))
     server_logger.setLevel(logging.DEBUG)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tritium.backends.python import metric
 from tritium.backends.python.metric import FamilySnapshot, MetricFamily, MetricKind, SeriesSnapshot
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.execution.process.codec import convert
 
 if TYPE_CHECKING:
     from tritium.execution.process.calls import Call, CallContext, ChildLink, Handler
@@ -40,20 +41,20 @@ def _registered(name: str) -> metric.RegisteredFamily:
 
 
 async def serve_family(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, description, kind = payload
+    name, description, kind = convert(tuple[str, str, int], payload)
     family = MetricFamily.register_here(name, description, MetricKind(kind))
     ctx.reply((int(family.kind), family.description), final=True)
 
 
 async def serve_series(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, labels, bounds = payload
+    name, labels, bounds = convert(tuple[str, LabelKey, tuple[float, ...]], payload)
     _registered(name).get_series(dict(labels), tuple(bounds))
     ctx.reply(None, final=True)
 
 
 async def serve_update(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, key, operation, value = payload
-    series = _registered(name).series[key]
+    name, key, operation, value = convert(tuple[str, LabelKey, str, float], payload)
+    series = _series(name, key)
     if operation == "add":
         series.add(value)
     elif operation == "set":
@@ -64,12 +65,18 @@ async def serve_update(ctx: CallContext, payload: Any, buffers: list[memoryview]
 
 
 async def serve_snapshot(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, key = payload
-    family = _registered(name)
+    name, key = convert(tuple[str, LabelKey | None], payload)
     if key is None:
-        ctx.reply(family.snapshot(), final=True)
+        ctx.reply(_registered(name).snapshot(), final=True)
     else:
-        ctx.reply(family.series[key].snapshot(), final=True)
+        ctx.reply(_series(name, key).snapshot(), final=True)
+
+
+def _series(name: str, key: LabelKey) -> Any:
+    series = _registered(name).series.get(key)
+    if series is None:
+        raise TritiumError(ErrorCode.INTERNAL, f"metric family '{name}' has no such series")
+    return series
 
 
 HANDLERS: dict[str, Handler] = {
@@ -106,8 +113,9 @@ class RemoteSeries:
         self._update("observe", value)
 
     def snapshot(self) -> SeriesSnapshot:
-        result: SeriesSnapshot = self._link.call(SNAPSHOT, (self._name, self._key)).result()[0]
-        return result
+        reply = self._link.call(SNAPSHOT, (self._name, self._key)).result()[0]
+        snapshot: SeriesSnapshot = convert(SeriesSnapshot, reply)
+        return snapshot
 
 
 class RemoteFamily:
@@ -120,8 +128,9 @@ class RemoteFamily:
         return RemoteSeries(self._link, self.name, self.kind, labels)
 
     def snapshot(self) -> FamilySnapshot:
-        result: FamilySnapshot = self._link.call(SNAPSHOT, (self.name, None)).result()[0]
-        return result
+        reply = self._link.call(SNAPSHOT, (self.name, None)).result()[0]
+        snapshot: FamilySnapshot = convert(FamilySnapshot, reply)
+        return snapshot
 
 
 class RemoteFamilies:
@@ -132,6 +141,3 @@ class RemoteFamilies:
         registered, text = self._link.call(FAMILY, (name, description, int(kind))).result()[0]
         return RemoteFamily(self._link, name, text, MetricKind(registered))
 
-
-def install(link: ChildLink) -> None:
-    metric.install_remote(RemoteFamilies(link))

@@ -26,6 +26,9 @@ class RestartPolicy:
     factor: float = 2.0
     max_delay_s: float = 30.0
     stable_after_s: float = 60.0
+    # Restarts whose ``initialize`` failed, in a row, before the slot gives up: the model
+    # cannot come back by itself, and its queue must not wait for it forever.
+    max_failed_starts: int = 5
 
 
 class Backoff:

@@ -16,6 +16,7 @@ the message instead (a second copy).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import mmap
 import os
@@ -27,9 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.serialization import bytes_from_binary, serialize_bytes
 from tritium.core.types import DataType
 from tritium.core.types import Tensor as CoreTensor
+from tritium.execution.process.codec import MAX_FRAME, FrameError
+from tritium.execution.process.messages import EMPTY, Packed, TensorDesc
 
 ALIGN = 64
 HEADER = 64  # state byte at +0; the block's total size (u64) at +8
@@ -63,11 +67,8 @@ def layout() -> ArenaLayout:
     return _layout
 
 
-# A packed tensor: (name, datatype code, shape, offset in the block, byte count).
-TensorDesc = tuple[str, int, tuple[int, ...], int, int]
-# A packed set of tensors: (block offset or -1, descriptors, inline bytes when -1).
-Packed = tuple[int, list[TensorDesc], bytes | None]
-EMPTY: Packed = (-1, [], None)
+# Inline tensors share the frame limit with the rest of their message.
+MAX_INLINE = MAX_FRAME - (1 << 20)
 
 
 def _align(n: int) -> int:
@@ -88,7 +89,13 @@ class Mapping:
         self.size = size
         self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
-        self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
+        self.bytes: np.ndarray | None = np.frombuffer(self.mm, dtype=np.uint8)
+
+    def close(self) -> None:
+        """Unmap, unless views of it are still alive (then the last one unmaps it)."""
+        self.bytes = None
+        with contextlib.suppress(BufferError):
+            self.mm.close()
 
 
 class _Block:
@@ -208,6 +215,9 @@ class ArenaWriter:
             del free[index]
         free.insert(index, (offset, size))
 
+    def close(self) -> None:
+        self._map.close()
+
     # -- packing -------------------------------------------------------------
     def pack(self, tensors: Sequence[CoreTensor]) -> Packed:
         """Copy ``tensors`` into one block (inline bytes when no block fits)."""
@@ -219,25 +229,40 @@ class ArenaWriter:
         for tensor in tensors:
             data = _source(tensor)
             nbytes = data.nbytes if isinstance(data, np.ndarray) else len(data)
-            descs.append((tensor.name, tensor.datatype.code, tuple(tensor.shape), total, nbytes))
+            descs.append(TensorDesc(tensor.name, tensor.datatype.code, tuple(tensor.shape),
+                                    total, nbytes))
             sources.append(data)
             total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
         offset = self.allocate(total)
         if offset < 0:
-            return -1, descs, b"".join(_padded(sources, descs))
+            if total > MAX_INLINE:
+                raise TritiumError(ErrorCode.UNAVAILABLE, (
+                    f"tensors of {total} bytes fit neither the instance's arena nor a frame"))
+            return Packed(-1, descs, b"".join(_padded(sources, descs)))
         mm = self._mm
         base = offset + HEADER
-        for (_, _, _, at, nbytes), data in zip(descs, sources, strict=True):
-            if nbytes:
-                start = base + at
-                mm[start:start + nbytes] = data  # the one copy (a memcpy)
-        return offset, descs, None
+        for desc, data in zip(descs, sources, strict=True):
+            if desc.nbytes:
+                start = base + desc.at
+                mm[start:start + desc.nbytes] = data  # the one copy (a memcpy)
+        return Packed(offset, descs, None)
 
     def pack_buffers(self, buffers: Sequence[Any]) -> Packed:
         """Plain byte buffers (memoryviews, bytes) packed as UINT8 tensors."""
         tensors = [CoreTensor("", DataType.UINT8, (len(memoryview(b).cast("B")),),
                               np.frombuffer(b, dtype=np.uint8)) for b in buffers]
         return self.pack(tensors)
+
+
+class InlineWriter(ArenaWriter):
+    """A writer with no arena of its own: tensors travel inside the message (what a
+    process forked by model code sends, through its instance process, to the server)."""
+
+    def __init__(self) -> None:  # no mapping: nothing to allocate from
+        self._lock = threading.Lock()
+
+    def allocate(self, nbytes: int) -> int:
+        return -1
 
 
 def _source(tensor: CoreTensor) -> Any:
@@ -252,28 +277,39 @@ def _padded(sources: list[Any], descs: list[TensorDesc]) -> list[bytes]:
     parts = []
     for data, desc in zip(sources, descs, strict=True):
         raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
-        parts.append(raw + b"\0" * (_align(desc[4]) - desc[4]))
+        parts.append(raw + b"\0" * (_align(desc.nbytes) - desc.nbytes))
     return parts
 
 
 class ArenaReader:
-    """The receiving side: numpy views of received blocks, freed when the views are."""
+    """The receiving side: numpy views of received blocks, freed when the views are.
+
+    Every offset and size a message names is checked against the arena before it is
+    touched: the sender may be broken or hostile (``FrameError``)."""
 
     def __init__(self, mapping: Mapping) -> None:
         self._map = mapping
 
+    def close(self) -> None:
+        self._map.close()
+
     def block(self, offset: int, nbytes: int) -> np.ndarray:
+        size = self._map.size
+        if (offset < 0 or offset % ALIGN or nbytes < 0
+                or offset + HEADER + nbytes > size):
+            raise FrameError(f"a block of {nbytes} bytes at offset {offset} lies outside "
+                             f"the arena of {size} bytes")
         return np.asarray(_Block(self._map, offset, nbytes))
 
     def unpack(self, packed: Packed) -> list[CoreTensor]:
-        offset, descs, inline = packed
+        descs = packed.tensors
         if not descs:
             return []
-        if inline is not None:
-            flat = np.frombuffer(bytearray(inline), dtype=np.uint8)
+        if packed.inline is not None:
+            flat = np.frombuffer(bytearray(packed.inline), dtype=np.uint8)
         else:
-            last = descs[-1]
-            flat = self.block(offset, last[3] + last[4])
+            end = max(desc.at + desc.nbytes for desc in descs)
+            flat = self.block(packed.offset, end)
         return [_tensor(flat, desc) for desc in descs]
 
     def unpack_buffers(self, packed: Packed) -> list[memoryview]:
@@ -281,14 +317,24 @@ class ArenaReader:
 
 
 def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
-    name, code, shape, at, nbytes = desc
-    datatype = _BY_CODE[code]
+    name, shape, at, nbytes = desc.name, desc.shape, desc.at, desc.nbytes
+    datatype = _BY_CODE.get(desc.datatype)
+    count = 1
+    for dim in shape:
+        if dim < 0:
+            raise FrameError(f"tensor '{name}' has a negative dimension")
+        count *= dim
+    fixed = datatype is not DataType.BYTES
+    if (datatype is None or at < 0 or nbytes < 0 or at + nbytes > len(flat)
+            or (fixed and count * datatype.itemsize != nbytes)
+            or (not fixed and count * 4 > nbytes)):  # each element has a 4-byte length
+        raise FrameError(f"tensor '{name}' does not fit its block")
     if datatype is DataType.BYTES:
-        count = 1
-        for dim in shape:
-            count *= dim
         raw = flat[at:at + nbytes]
-        data = bytes_from_binary(raw.data, count, f"for tensor '{name}'").reshape(shape)
+        try:
+            data = bytes_from_binary(raw.data, count, f"for tensor '{name}'").reshape(shape)
+        except (TritiumError, ValueError) as exc:
+            raise FrameError(str(exc)) from None
     elif nbytes:
         data = np.ndarray(shape, datatype.numpy, flat, at)  # a view: its base keeps the block
     else:

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 import logging
 import os
 import socket
 import sys
-import time
-from collections.abc import Awaitable
 from typing import Any
 
 from tritium.core import response as core_response
@@ -25,15 +22,18 @@ from tritium.core.request import RELEASE_ALL, InferenceRequest, RequestedOutput
 from tritium.core.response import InferenceResponse, StreamClosedError
 from tritium.core.types import Tensor
 from tritium.execution.backend import InstanceInfo
-from tritium.execution.instance import run_model_loop
 from tritium.execution.placement import ThreadPlacement
 from tritium.execution.placement import current as current_placement
 from tritium.execution.placement import install as install_placement
 from tritium.execution.process import channel as ch
-from tritium.execution.process.channel import ChildLink, Frame
+from tritium.execution.process import logger
+from tritium.execution.process import messages as msg
+from tritium.execution.process.channel import ChildLink
 from tritium.execution.process.flags import FlagView, SlotCancellation
-from tritium.execution.process.shm import ArenaReader, ArenaWriter, Mapping, Packed
+from tritium.execution.process.messages import ErrorBody
+from tritium.execution.process.shm import ArenaReader, ArenaWriter, Mapping
 from tritium.execution.process.wire import TraceRef
+from tritium.execution.runner import BatchRunner, run_model_loop
 
 log = logging.getLogger("tritium.execution.process")
 
@@ -79,6 +79,16 @@ class ChildRequest:
         return self.request.describe()
 
 
+class _Batch:
+    """A batch the server sent: its id (DONE names it) and its requests."""
+
+    __slots__ = ("batch_id", "requests")
+
+    def __init__(self, batch_id: int, requests: list[ChildRequest]) -> None:
+        self.batch_id = batch_id
+        self.requests = requests
+
+
 class InstanceServer:
     """Runs the batches the server sends through one backend."""
 
@@ -88,46 +98,54 @@ class InstanceServer:
         self._flags = flags
         self._writer: ArenaWriter = link.writer  # type: ignore[assignment]
         self._reader: ArenaReader = link.reader  # type: ignore[assignment]
-        self._inbox: collections.deque[Frame] = collections.deque()
-        self._deferred: list[tuple[int, tuple[Any, ...]]] = []
+        self._inbox: collections.deque[Any] = collections.deque()
+        self._deferred: list[msg.ResponseBody] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._placement = current_placement()
+        self._runner: BatchRunner[_Batch] = BatchRunner(
+            backend, getattr(backend, "model_name", "?"), self._batch_done, self._placement)
 
     # -- responses -----------------------------------------------------------
     def send_response(self, slot: int, response: InferenceResponse) -> None:
-        packed = self.pack_response(response)
+        body = self.pack_response(slot, response)
         if getattr(core_response._thread_state, "deferred", None) is not None:
-            self._deferred.append((slot, packed))
+            self._deferred.append(body)
         else:
-            self._link.send((ch.RESPONSES, [(slot, packed)]))
+            self._link.send(msg.Responses([body]))
 
-    def pack_response(self, response: InferenceResponse) -> tuple[Any, ...]:
+    def pack_response(self, slot: int, response: InferenceResponse) -> msg.ResponseBody:
         error = response.error
         if response.flag_only:
-            return True, True, None, None, None
+            return msg.ResponseBody(slot, True, flag_only=True)
         if error is not None:
-            return response.final, False, (error.code.name, error.message), None, None
-        tensors: Packed = self._writer.pack(response.outputs)
-        return response.final, False, None, response.parameters, tensors
+            return msg.ResponseBody(slot, response.final, error=ErrorBody.of(error))
+        try:
+            tensors = self._writer.pack(response.outputs)
+        except TritiumError as exc:  # too large to cross: the client gets why
+            return msg.ResponseBody(slot, response.final, error=ErrorBody.of(exc))
+        return msg.ResponseBody(slot, response.final, parameters=dict(response.parameters),
+                                tensors=tensors)
 
     # -- batches -------------------------------------------------------------
-    def requests(self, descs: list[Any], packed: Packed) -> list[ChildRequest]:
-        tensors = self._reader.unpack(packed)
+    def requests(self, execute: msg.Execute) -> list[ChildRequest]:
+        tensors = self._reader.unpack(execute.inputs)
         requests: list[ChildRequest] = []
         at = 0
-        for (slot, rid, correlation, flags, timeout, parameters, outputs, model,
-             count, trace) in descs:
-            inputs: dict[str, Tensor] = {t.name: t for t in tensors[at:at + count]}
-            at += count
+        for desc in execute.requests:
+            inputs: dict[str, Tensor] = {t.name: t for t in tensors[at:at + desc.inputs]}
+            at += desc.inputs
+            outputs = desc.outputs
             core = InferenceRequest(
-                model_name=model, inputs=inputs, id=rid, parameters=parameters,
+                model_name=desc.model_name, inputs=inputs, id=desc.id,
+                parameters=desc.parameters,
                 requested_outputs=None if outputs is None
                 else [RequestedOutput(name) for name in outputs],
-                correlation_id=correlation, flags=flags, timeout_us=timeout,
-                trace=None if trace is None else TraceRef(trace, slot))
-            cancellation = self._flags.cancellation(slot)
+                correlation_id=desc.correlation_id, flags=desc.flags,
+                timeout_us=desc.timeout_us,
+                trace=None if desc.trace is None else TraceRef(desc.trace, desc.slot))
+            cancellation = self._flags.cancellation(desc.slot)
             requests.append(ChildRequest(core, cancellation,
-                                         ChildStream(self, slot), slot))
+                                         ChildStream(self, desc.slot), desc.slot))
         return requests
 
     def serve(self) -> None:
@@ -140,37 +158,19 @@ class InstanceServer:
                 self._link.wait_until(lambda: bool(inbox))
             except EOFError:
                 self._server_gone()
-            frame = inbox.popleft()
-            kind = frame[0]
-            if kind == ch.EXECUTE:
-                self._execute(frame[1], self.requests(frame[2], frame[3]))
-            elif kind == ch.STOP:
+            message = inbox.popleft()
+            if type(message) is msg.Execute:
+                requests = self.requests(message)
+                self._runner.run(_Batch(message.batch_id, requests), requests)
+            elif type(message) is msg.Stop:
                 return
-            elif kind == ch.GONE:
+            elif message is msg.GONE:
                 self._server_gone()
 
-    def _execute(self, batch_id: int, requests: list[ChildRequest]) -> None:
-        started = time.monotonic_ns()
-        self._placement.widen()
-        with core_response.DeferredWakes():
-            try:
-                self._backend.execute(requests)
-            except BaseException as exc:  # the backend never raises; belt and braces
-                self._fail(requests, exc)
-        elapsed = time.monotonic_ns() - started
-        # Home before waking the server, so the wake-up stays on one core.
-        self._placement.narrow()
+    def _batch_done(self, batch: _Batch, elapsed: int, woken: object) -> None:
+        # What execute delivered after the model's own sends leaves with DONE, one frame.
         deferred, self._deferred = self._deferred, []
-        self._link.send((ch.DONE, batch_id, elapsed, deferred, _released(requests)))
-
-    def _fail(self, requests: list[ChildRequest], exc: BaseException) -> None:
-        model = requests[0].request.model_name if requests else "?"
-        error = TritiumError(ErrorCode.INTERNAL,
-                             f"Failed to process the request(s) for model '{model}', "
-                             f"message: {exc}")
-        for request in requests:
-            if not request.stream.closed:
-                request.stream.send_nowait(InferenceResponse.failure(error))
+        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests)))
 
     # -- async def execute ---------------------------------------------------
     def serve_async(self) -> None:
@@ -178,57 +178,23 @@ class InstanceServer:
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
 
-        def on_frame(frame: Frame) -> None:
-            loop.call_soon_threadsafe(self._on_async, frame)
+        def on_frame(message: Any) -> None:
+            loop.call_soon_threadsafe(self._on_async, message)
 
         self._link.on_frame = on_frame
         reader = _thread(self._link.serve_forever, "tritium-link-reader")
         reader.start()
         run_model_loop(loop)
 
-    def _on_async(self, frame: Frame) -> None:
-        kind = frame[0]
-        if kind == ch.EXECUTE:
-            self._start_async(frame[1], self.requests(frame[2], frame[3]))
-        elif kind == ch.STOP:
+    def _on_async(self, message: Any) -> None:
+        if type(message) is msg.Execute:
+            requests = self.requests(message)
+            self._runner.start_async(_Batch(message.batch_id, requests), requests)
+        elif type(message) is msg.Stop:
             assert self._loop is not None
             self._loop.stop()
-        elif kind == ch.GONE:
+        elif message is msg.GONE:
             self._server_gone()
-
-    def _start_async(self, batch_id: int, requests: list[ChildRequest]) -> None:
-        started = time.monotonic_ns()
-        result: Awaitable[None] | None = None
-        try:
-            result = self._backend.execute(requests)
-        except BaseException as exc:
-            self._fail(requests, exc)
-        if result is None or not inspect.isawaitable(result):
-            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, [],
-                             _released(requests)))
-            return
-        task = asyncio.ensure_future(result)
-        if self._backend.decoupled:
-            # Decoupled coroutines overlap: the instance takes the next batch at once.
-            self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, [],
-                             _released(requests)))
-            task.add_done_callback(lambda t: self._task_error(t, requests))
-        else:
-            task.add_done_callback(lambda t: self._async_done(t, batch_id, requests, started))
-
-    def _async_done(self, task: asyncio.Future[None], batch_id: int,
-                    requests: list[ChildRequest], started: int) -> None:
-        self._task_error(task, requests)
-        self._link.send((ch.DONE, batch_id, time.monotonic_ns() - started, [],
-                         _released(requests)))
-
-    def _task_error(self, task: asyncio.Future[None], requests: list[ChildRequest]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.error("execute() failed: %s", exc)
-            self._fail(requests, exc)
 
     @staticmethod
     def _server_gone() -> None:
@@ -237,9 +203,10 @@ class InstanceServer:
         death.parent_gone()
 
 
-def _released(requests: list[ChildRequest]) -> list[tuple[int, int]]:
+def _released(requests: list[ChildRequest]) -> list[msg.Released]:
     """The release flags a model set (RESCHEDULE for iterative sequences), by slot."""
-    return [(r.slot, r.release_flags) for r in requests if r.release_flags != RELEASE_ALL]
+    return [msg.Released(r.slot, r.release_flags) for r in requests
+            if r.release_flags != RELEASE_ALL]
 
 
 def _thread(target: Any, name: str) -> Any:
@@ -249,35 +216,23 @@ def _thread(target: Any, name: str) -> Any:
 
 
 # -- main --------------------------------------------------------------------------
-def _first_frame(link: ChildLink) -> Frame:
-    frames: list[Frame] = []
-    link.on_frame = frames.append
-    link.wait_until(lambda: bool(frames))
-    return frames[0]
+def _first_message(link: ChildLink) -> Any:
+    messages: list[Any] = []
+    link.on_frame = messages.append
+    link.wait_until(lambda: bool(messages))
+    return messages[0]
 
 
-def _install_bridge(link: ChildLink) -> None:
-    """Child-side proxies of server calls (BLS, metrics, Logger: calls.py), if present."""
-    try:
-        from tritium.execution.process import calls
-    except ImportError:
-        return
-    install = getattr(calls, "install_child", None)
-    if install is not None:
-        install(link)
-
-
-def _load(link: ChildLink, info: InstanceInfo, config: Any) -> Any:
+def _load(link: ChildLink, info: InstanceInfo, config: Any, remote: Any) -> Any:
     from tritium.backends.python.errors import describe_exception
     from tritium.backends.python.loader import create_python_backend
-
     try:
-        # No server in this process: calls.py routes BLS and friends over the link.
-        return create_python_backend(info, config, None)  # type: ignore[arg-type]
+        # No server in this process: model code reaches it over the channel.
+        return create_python_backend(info, config, remote)
     except TritiumError as exc:
-        link.send((ch.INIT_FAILED, exc.code.name, exc.message))
+        link.send(msg.InitFailed(ErrorBody.of(exc)))
     except BaseException as exc:
-        link.send((ch.INIT_FAILED, ErrorCode.INTERNAL.name, describe_exception(exc)))
+        link.send(msg.InitFailed(ErrorBody(ErrorCode.INTERNAL.name, describe_exception(exc))))
     return None
 
 
@@ -285,46 +240,51 @@ def main() -> int:
     fds = [int(fd) for fd in os.environ.pop(ch.FDS_ENV).split(",")]
     sock_fd, down_fd, up_fd, flags_fd = fds
     link = ChildLink(socket.socket(fileno=sock_fd))
-    ch.set_child_link(link)
     try:
-        _, fields, config_bytes, capacity, ring_bytes, slots, cores = _first_frame(link)
+        init = _first_message(link)
     except EOFError:
         return 1
-    info = InstanceInfo(**fields)
+    if type(init) is not msg.Init:
+        return 1
+    info, capacity = init.info, init.arena_bytes
     version_dir = os.path.join(info.model_repository, str(info.model_version))
     from tritium.execution.process import death
 
-    link.writer = ArenaWriter(Mapping(up_fd, capacity), ring_bytes)
+    link.writer = ArenaWriter(Mapping(up_fd, capacity), init.ring_bytes)
     link.reader = ArenaReader(Mapping(down_fd, capacity))
-    flags = FlagView(flags_fd, slots)
+    flags = FlagView(flags_fd, init.slots)
     for fd in (up_fd, down_fd, flags_fd):
         os.close(fd)  # mapped: the mappings stay, and forks of the model inherit nothing
     death.become_instance_process(version_dir, info.model_repository, [sock_fd])
     link.parent_slots = _parent_slots
-    from tritonclient.grpc import model_config_pb2
+    from tritium.core.config_pb import model_config_pb2
 
     config = model_config_pb2.ModelConfig()
-    config.ParseFromString(config_bytes)
-    _install_bridge(link)
+    config.ParseFromString(init.config)
+    logger.forward_logs(link)
     # Not placed on the loop's home core between batches, as an instance thread is: that
     # rule exists because a thread shares the loop's GIL, which a process does not. A
     # process parked there stays there when execute widens it (a running thread is not
     # migrated at once), so two instances of one model ran on one core (0.97x of one).
-    _, everywhere = cores
-    placement = ThreadPlacement(None, frozenset(everywhere))
+    placement = ThreadPlacement(None, frozenset(init.cores))
     install_placement(placement)
     placement.release()
-    backend = _load(link, info, config)
+    from tritium.execution.process import forked
+    from tritium.execution.process.remote import RemoteLink
+
+    remote = RemoteLink(link)
+    forked.install(link, remote.rebind)  # BLS from the model's multiprocessing workers
+    backend = _load(link, info, config, remote)
     if backend is None:
         return 0
     server = InstanceServer(link, backend, flags)
-    link.send((ch.READY, backend.decoupled, backend.is_async))
+    link.send(msg.Ready(backend.decoupled, backend.is_async, os.getpid()))
     if backend.is_async:
         server.serve_async()
     else:
         server.serve()
     backend.finalize()
-    link.send((ch.STOPPED,))
+    link.send(msg.Stopped())
     return 0
 
 

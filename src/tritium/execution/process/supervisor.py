@@ -1,6 +1,6 @@
 """A supervised instance slot: one instance process at a time, restarted when it dies.
 
-The scheduler sees one ``SupervisedInstance`` (the ``ModelInstance`` interface) for the life
+The scheduler sees one ``SupervisedInstance`` (``kinds.Instance``) for the life
 of the model; behind it instance processes come and go. When one dies, however it died,
 the requests it was executing are answered at once with Triton's error (the process kind
 answers them; the supervisor sweeps up any it missed), the death is logged with its cause,
@@ -122,6 +122,7 @@ class SupervisedInstance:
         # Dones of batches that died with a process: reported once a new one is up.
         self._deferred: list[tuple[list[AdmittedRequest], int]] = []
         self._kill_cause = ""
+        self.failure: TritiumError | None = None  # why the slot gave up restarting
         self._supervisor: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -134,7 +135,7 @@ class SupervisedInstance:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    # -- the ModelInstance interface ---------------------------------------------
+    # -- kinds.Instance ----------------------------------------------------------
     async def start(self) -> None:
         """Start the first process; its failure fails the load, as a thread's would."""
         if self._prepare is not None:
@@ -147,6 +148,11 @@ class SupervisedInstance:
 
     def submit(self, batch: list[AdmittedRequest]) -> None:
         process = self._process
+        if self.failure is not None:
+            # Given up: each request is answered why at once (once the scheduler is done
+            # handing it over), and the slot stays free so the queue drains to it.
+            self._loop.call_soon(self._refuse, batch, self.failure)
+            return
         if not self._up or process is None:
             # Only a scheduler that ignored our busy slot gets here; answer, do not lose it.
             self._fail([batch])
@@ -213,7 +219,9 @@ class SupervisedInstance:
                 return
 
     async def _restart(self, delay: float) -> bool:
-        """Start processes until one is up (True), or the slot is stopped (False)."""
+        """Start processes until one is up (True), or the slot is stopped or gives up
+        after ``max_failed_starts`` failed starts in a row (False)."""
+        failed = 0
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
@@ -223,6 +231,10 @@ class SupervisedInstance:
             try:
                 process = await self._launch()
             except Exception as exc:
+                failed += 1
+                if failed >= self._backoff.policy.max_failed_starts:
+                    self._give_up(exc, failed)
+                    return False
                 delay = self._backoff.died()
                 log.error("instance %s of model '%s' version %d failed to restart: %s; "
                           "retrying in %.2f s", self.name, self.info.model_name,
@@ -242,6 +254,18 @@ class SupervisedInstance:
             return True
         return False
 
+    def _refuse(self, batch: list[AdmittedRequest], error: TritiumError) -> None:
+        self._fail([batch], error)
+        self._on_done(self, batch, -1, [])
+
+    def _give_up(self, exc: Exception, failed: int) -> None:
+        reason = exc.message if isinstance(exc, TritiumError) else str(exc)
+        self.failure = TritiumError(ErrorCode.UNAVAILABLE, (
+            f"instance {self.name} of model '{self.info.model_name}' failed to start "
+            f"{failed} times in a row and is not restarted again: {reason}"))
+        log.error("%s", self.failure.message)
+        self._report_deferred()
+
     def _sweep(self) -> None:
         """Answer and set aside what the dead process left in flight."""
         flights = list(self._flights.values())
@@ -251,8 +275,10 @@ class SupervisedInstance:
         self._fail([flight.batch for flight in flights])
         self._deferred.extend((flight.batch, -1) for flight in flights)
 
-    def _fail(self, batches: list[list[AdmittedRequest]]) -> None:
-        error = TritiumError(ErrorCode.INTERNAL, STUB_UNHEALTHY.format(instance=self.name))
+    def _fail(self, batches: list[list[AdmittedRequest]],
+              error: TritiumError | None = None) -> None:
+        error = error or TritiumError(ErrorCode.INTERNAL,
+                                      STUB_UNHEALTHY.format(instance=self.name))
         for batch in batches:
             for request in batch:
                 if not request.stream.closed:

@@ -1,5 +1,6 @@
-"""Core requests, responses and errors as a call's payload (small, picklable metadata) plus
-its buffers (each tensor's bytes), so that tensor data never goes through a pickle.
+"""Core requests, responses and errors as a call's payload (small plain values, in the
+channel's codec) plus its buffers (each tensor's bytes), so that tensor data never goes
+through the codec.
 
 Fixed-size tensors travel as their raw little-endian bytes and come back as numpy views of
 the received buffer; BYTES tensors in Triton's length-prefixed layout; BF16 as its 16-bit
@@ -18,10 +19,11 @@ from tritium.core.request import InferenceRequest, RequestedOutput
 from tritium.core.response import InferenceResponse
 from tritium.core.serialization import bytes_from_binary, tensor_bytes
 from tritium.core.types import DataType, Tensor
+from tritium.execution.process.codec import convert
+from tritium.execution.process.messages import ErrorBody
 
 # (name, wire datatype, shape) per tensor, in buffer order.
 TensorHeader = tuple[str, str, tuple[int, ...]]
-ErrorPayload = tuple[str, str] | None  # (ErrorCode name, message)
 
 
 def encode_tensors(tensors: Sequence[Tensor]) -> tuple[list[TensorHeader], list[memoryview]]:
@@ -58,15 +60,16 @@ def _decode_tensor(header: TensorHeader, buffer: memoryview) -> Tensor:
 # -- errors ------------------------------------------------------------------------------
 
 
-def encode_error(error: TritiumError | None) -> ErrorPayload:
-    return None if error is None else (error.code.name, error.message)
+def encode_error(error: TritiumError | None) -> ErrorBody | None:
+    return None if error is None else ErrorBody.of(error)
 
 
-def decode_error(payload: ErrorPayload) -> TritiumError | None:
+def decode_error(payload: Any) -> TritiumError | None:
+    """The error a payload field holds (an ``ErrorBody`` as it crossed), or None."""
     if payload is None:
         return None
-    code, message = payload
-    return TritiumError(ErrorCode[code], message)
+    body: ErrorBody = convert(ErrorBody, payload)
+    return body.error()
 
 
 # -- requests ----------------------------------------------------------------------------

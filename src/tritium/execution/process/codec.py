@@ -1,0 +1,264 @@
+"""The one codec for everything that crosses the process boundary.
+
+A frame is a 4-byte little-endian length and a msgpack array ``[tag, *fields]`` naming one
+of the message types of messages.py. msgpack (C) carries only plain values (None, bool,
+int, float, str, bytes, arrays, maps): nothing on the wire can name a type to build or code
+to run, as a pickle can. Dataclasses travel as arrays of their fields, in order; decoding
+checks every field against the dataclass's annotations before building it, so a frame is
+either one well-formed message or a ``FrameError``. Frames larger than ``MAX_FRAME`` are
+refused before a byte of their body is buffered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+LENGTH = struct.Struct("<I")
+MAX_FRAME = 64 << 20  # metadata, and tensors inline only when no arena block fits
+_MAX_DEPTH = 32
+
+
+class FrameError(Exception):
+    """A frame that is not a well-formed message: its sender is broken or hostile."""
+
+
+Convert = Callable[[Any], Any]
+_converters: dict[Any, Convert] = {}
+_field_names: dict[type, tuple[str, ...]] = {}
+_by_tag: dict[int, type] = {}
+
+
+def message(tag: int) -> Callable[[type], type]:
+    """Register a dataclass as the message type ``tag`` names on the wire."""
+    def register(cls: type) -> type:
+        if tag in _by_tag:
+            raise ValueError(f"message tag {tag} is taken by {_by_tag[tag].__name__}")
+        _by_tag[tag] = cls
+        cls.TAG = tag  # type: ignore[attr-defined]
+        return cls
+    return register
+
+
+# -- encoding ------------------------------------------------------------------------
+
+
+def _fields_of(obj: Any) -> list[Any]:
+    cls = type(obj)
+    names = _field_names.get(cls)
+    if names is None:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{cls.__name__} cannot cross the process boundary")
+        names = _field_names[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return [getattr(obj, name) for name in names]
+
+
+_packer_options = {"use_bin_type": True, "default": _fields_of}
+
+
+def encode(msg: Any) -> bytes:
+    """One frame: the length, then ``[tag, *fields]``."""
+    body = msgpack.packb([msg.TAG, *_fields_of(msg)], **_packer_options)
+    if len(body) > MAX_FRAME:
+        raise FrameError(f"a {type(msg).__name__} frame of {len(body)} bytes exceeds the "
+                         f"limit of {MAX_FRAME}")
+    return LENGTH.pack(len(body)) + body
+
+
+def pack_value(value: Any) -> bytes:
+    """A plain value (dataclasses as arrays), as ``unpack_value`` reads it."""
+    packed: bytes = msgpack.packb(value, **_packer_options)
+    return packed
+
+
+def unpack_value(data: bytes | memoryview) -> Any:
+    try:
+        # The frame's length was checked against MAX_FRAME before it was buffered.
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise FrameError(f"undecodable value: {exc}") from None
+
+
+# -- decoding ------------------------------------------------------------------------
+
+
+def decode(body: bytes | memoryview) -> Any:
+    """The message one frame's body holds; ``FrameError`` if it holds anything else."""
+    wire = unpack_value(body)
+    if type(wire) is not list or not wire or type(wire[0]) is not int:
+        raise FrameError("a frame is not a tagged array")
+    cls = _by_tag.get(wire[0])
+    if cls is None:
+        raise FrameError(f"unknown message tag {wire[0]}")
+    return convert(cls, wire[1:])
+
+
+def convert(tp: Any, value: Any) -> Any:
+    """``value`` (plain, as decoded) checked against the type ``tp`` and built into it."""
+    try:
+        return _converter(tp)(value)
+    except FrameError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise FrameError(f"bad {getattr(tp, '__name__', tp)}: {exc}") from None
+
+
+def _converter(tp: Any) -> Convert:
+    found = _converters.get(tp)
+    if found is None:
+        found = _converters[tp] = _build(tp)
+    return found
+
+
+def _build(tp: Any) -> Convert:
+    if tp is Any:
+        return _any
+    if tp in (int, str, bytes, bool, float, type(None)):
+        return _scalar(tp)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _struct(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        return _union([_converter(a) for a in args])
+    if origin is list:
+        item = _converter(args[0])
+        return lambda v: [item(x) for x in _array(v)]
+    if origin is tuple:
+        return _tuple(args)
+    if origin is dict:
+        key, val = _converter(args[0]), _converter(args[1])
+        return lambda v: {key(k): val(x) for k, x in _map(v).items()}
+    raise TypeError(f"no wire form for {tp!r}")
+
+
+def _scalar(tp: type) -> Convert:
+    if tp is float:
+        def to_float(v: Any) -> float:
+            if type(v) not in (float, int):
+                raise FrameError(f"expected a number, got {type(v).__name__}")
+            return float(v)
+        return to_float
+
+    def check(v: Any) -> Any:
+        if type(v) is not tp:
+            raise FrameError(f"expected {tp.__name__}, got {type(v).__name__}")
+        return v
+    return check
+
+
+def _any(v: Any) -> Any:
+    return v
+
+
+def _union(options: list[Convert]) -> Convert:
+    def pick(v: Any) -> Any:
+        for option in options:
+            try:
+                return option(v)
+            except FrameError:
+                continue
+        raise FrameError(f"no alternative takes a {type(v).__name__}")
+    return pick
+
+
+def _tuple(args: tuple[Any, ...]) -> Convert:
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = _converter(args[0])
+        return lambda v: tuple(item(x) for x in _array(v))
+    items = [_converter(a) for a in args]
+
+    def fixed(v: Any) -> tuple[Any, ...]:
+        values = _array(v)
+        if len(values) != len(items):
+            raise FrameError(f"expected {len(items)} items, got {len(values)}")
+        return tuple(c(x) for c, x in zip(items, values, strict=True))
+    return fixed
+
+
+def _struct(cls: type) -> Convert:
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    # Filled in on first use: a dataclass may name itself (or a later one) in a field.
+    converters: list[Convert] = []
+    required = sum(1 for f in fields if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING)
+
+    def build(v: Any) -> Any:
+        if type(v) is cls:  # built already (a value that never crossed)
+            return v
+        values = _array(v)
+        if not required <= len(values) <= len(fields):
+            raise FrameError(f"{cls.__name__} has {len(fields)} fields, got {len(values)}")
+        if not converters:
+            converters.extend(_converter(hints[f.name]) for f in fields)
+        return cls(*[c(x) for c, x in zip(converters, values, strict=False)])
+    return build
+
+
+def _array(v: Any) -> list[Any]:
+    if type(v) is not list:
+        raise FrameError(f"expected an array, got {type(v).__name__}")
+    return v
+
+
+def _map(v: Any) -> dict[Any, Any]:
+    if type(v) is not dict:
+        raise FrameError(f"expected a map, got {type(v).__name__}")
+    return v
+
+
+# -- framing -------------------------------------------------------------------------
+
+
+class FrameReader:
+    """Cuts a byte stream into frame bodies, at most ``limit`` per call; keeps the rest.
+
+    A length above ``MAX_FRAME`` raises ``FrameError`` at once: nothing of such a frame is
+    buffered. Bodies are decoded by the caller, so that it can bound the work of one turn.
+    """
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+        self._at = 0  # where the next frame starts in _pending
+
+    def feed(self, data: bytes | memoryview) -> None:
+        if self._at:
+            del self._pending[:self._at]
+            self._at = 0
+        self._pending += data
+
+    def bodies(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` complete frame bodies, in order."""
+        out: list[bytes] = []
+        pending, at, end = self._pending, self._at, len(self._pending)
+        while len(out) < limit and end - at >= 4:
+            (length,) = LENGTH.unpack_from(pending, at)
+            if length > MAX_FRAME:
+                raise FrameError(f"a frame announces {length} bytes, over the limit of "
+                                 f"{MAX_FRAME}")
+            if end - at - 4 < length:
+                break
+            out.append(bytes(pending[at + 4:at + 4 + length]))
+            at += 4 + length
+        self._at = at
+        if at == end:
+            self._pending.clear()
+            self._at = 0
+        return out
+
+    def has_frame(self) -> bool:
+        """Whether a complete frame is waiting (so more input need not be read yet)."""
+        avail = len(self._pending) - self._at
+        if avail < 4:
+            return False
+        (length,) = LENGTH.unpack_from(self._pending, self._at)
+        return length > MAX_FRAME or avail - 4 >= length
+
+    def buffered(self) -> int:
+        return len(self._pending) - self._at

