@@ -113,6 +113,8 @@ PB_NOT_DICT = "Expect N8pybind114dictE, got {type}"
 PB_PARAMETER_KEY = "Expect parameters keys to have type str, found type {type}"
 PB_PARAMETER_VALUE = "Expect parameters values to have type bool/int/str, found type {type}"
 PB_EMPTY_TENSOR_NAME = "Tensor name cannot be an empty string."
+PB_BF16_AS_NUMPY = ("Tensor dtype is BF16 and cannot be converted to NumPy. Use "
+                    "to_dlpack() and from_dlpack() instead.")
 
 # -- system shared memory (server src/shared_memory_manager.cc, common.cc/.h, http_server.cc,
 # grpc/grpc_utils.h, grpc/infer_handler.cc). Registration and lookup first, then the tensor
