@@ -43,6 +43,10 @@ def import_capsule(capsule: Any) -> tuple[np.ndarray, bool]:
     return np.from_dlpack(_Capsule(capsule)), bf16
 
 
+def is_capsule(value: object) -> bool:
+    return type(value).__name__ == "PyCapsule"
+
+
 def _relabel(capsule: Any, old_code: int, new_code: int) -> bool:
     """Change a 16-bit dtype code ``old_code`` to ``new_code``; False when it is not one."""
     dtype = _dtype_address(capsule)
@@ -56,7 +60,7 @@ def _relabel(capsule: Any, old_code: int, new_code: int) -> bool:
 
 
 def _dtype_address(capsule: Any) -> int | None:
-    if type(capsule).__name__ != "PyCapsule":
+    if not is_capsule(capsule):
         return None
     if _api.PyCapsule_IsValid(capsule, _LEGACY):
         return int(_api.PyCapsule_GetPointer(capsule, _LEGACY)) + _DTYPE_OFFSET

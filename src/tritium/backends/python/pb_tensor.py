@@ -53,9 +53,9 @@ class Tensor:
         # Made for every output of every request: a str name and a numeric array are
         # recognised by exact type and dict tests; anything else takes the full checks.
         text = name if type(name) is str else arguments.text("Tensor.__init__()", "name", name)
+        array = data if isinstance(data, np.ndarray) else _as_array(data)
         if not text:
             raise TritonModelException(messages.PB_EMPTY_TENSOR_NAME)
-        array = data if isinstance(data, np.ndarray) else _as_array(data)
         datatype = _NUMERIC.get(array.dtype)
         if datatype is None:
             self._core = _other_dtype_core(text, array)
@@ -103,8 +103,16 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name: str | bytes, tensor: Any) -> Tensor:
-        # The capsule is taken here, not by numpy, so that a bfloat16 one can be relabelled.
-        capsule = tensor.__dlpack__() if hasattr(tensor, "__dlpack__") else tensor
+        text = name if type(name) is str else arguments.text("from_dlpack()", "name", name)
+        if not text:
+            raise TritonModelException(messages.PB_EMPTY_TENSOR_NAME)
+        if dlpack.is_capsule(tensor):
+            capsule = tensor
+        elif hasattr(tensor, "__dlpack__") and hasattr(tensor, "__dlpack_device__"):
+            # Taken here, not by numpy, so that a bfloat16 capsule can be relabelled.
+            capsule = tensor.__dlpack__()
+        else:
+            raise TritonModelException(messages.PB_NOT_DLPACK)
         array, bf16 = dlpack.import_capsule(capsule)
         return Tensor(name, array.view(_BFLOAT16) if bf16 else array)
 
@@ -151,12 +159,9 @@ def _other_dtype_core(name: str, array: np.ndarray) -> CoreTensor:
 
 
 def _as_array(data: Any) -> np.ndarray:
-    # pybind11 converts the argument to a py::array as numpy would; failing, a TypeError.
-    try:
-        return np.asarray(data)
-    except (TypeError, ValueError) as exc:
-        raise arguments.incompatible("Tensor.__init__()", "data", "a numpy array",
-                                     data) from exc
+    # Triton binds ``py::array``, which pybind11 loads only from an ndarray: lists, scalars
+    # and None are refused before Triton's code runs.
+    raise arguments.incompatible("Tensor.__init__()", "data", "a numpy.ndarray", data)
 
 
 def _as_bytes_array(array: np.ndarray) -> np.ndarray:
