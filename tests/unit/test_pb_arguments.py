@@ -108,7 +108,7 @@ def test_a_none_in_a_list_of_tensors_is_refused_by_triton_code() -> None:
     with pytest.raises(TypeError):
         request(inputs=[None], model_name=None)  # conversions come first
     with pytest.raises(pb_utils.TritonModelException) as refused:
-        pb_utils.InferenceResponse(output_tensors=[None])
+        pb_utils.InferenceResponse(output_tensors=[None])  # type: ignore[list-item]
     assert str(refused.value) == "Output tensor for inference response should not be empty."
     assert request(inputs=[], requested_output_names=[]).inputs() == []
     assert request(correlation_id=5).correlation_id() == 5

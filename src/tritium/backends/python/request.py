@@ -96,7 +96,7 @@ class InferenceRequest:
         if correlation_id is None:
             raise arguments.incompatible(call, "correlation_id", "int or str", None)
         self._request_id = arguments.text(call, "request_id", request_id)
-        inputs = arguments.instances(call, "inputs", inputs, Tensor)
+        given = arguments.instances(call, "inputs", inputs, Tensor)
         names = arguments.text_list(call, "requested_output_names", requested_output_names)
         self._model_name = arguments.text(call, "model_name", model_name)
         self._model_version = arguments.integer(call, "model_version", model_version,
@@ -109,11 +109,11 @@ class InferenceRequest:
         self._parameters = check_parameters(parameters)
         self._correlation_id = _correlation_id(correlation_id)
         # A None input is an empty pointer to Triton's binding, refused by its constructor.
-        if None in inputs:
+        if None in given:
             raise TritonModelException(self._described(messages.PB_EMPTY_REQUEST_INPUT))
         if "" in names:
             raise TritonModelException(self._described(messages.PB_EMPTY_REQUESTED_OUTPUT))
-        self._inputs: list[Tensor] = inputs  # type: ignore[assignment]
+        self._inputs: list[Tensor] = given  # type: ignore[assignment]
         self._requested_output_names = list(dict.fromkeys(names))
 
     def _described(self, message: str) -> str:
