@@ -364,3 +364,13 @@ def test_invalid_edit_is_invalid_arg() -> None:
     with pytest.raises(TritiumError) as caught:
         config.to_protobuf()
     assert caught.value.code is ErrorCode.INVALID_ARG
+
+
+def test_dlpack_data_the_cpu_cannot_read_is_a_model_exception() -> None:
+    """A capsule saying kDLCUDA (device type 2) is refused in tritium's words, not numpy's."""
+    capsule = np.zeros(3, np.float32).__dlpack__()
+    pointer = ctypes.pythonapi.PyCapsule_GetPointer(ctypes.py_object(capsule), b"dltensor")
+    ctypes.c_int32.from_address(pointer + 8).value = 2
+    with pytest.raises(pb_utils.TritonModelException, match="keeps tensors in CPU memory"):
+        pb_utils.Tensor.from_dlpack("g", capsule)
+    ctypes.c_int32.from_address(pointer + 8).value = 1  # the deleter frees it as it was

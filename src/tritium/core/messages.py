@@ -121,6 +121,9 @@ PB_EMPTY_RESPONSE_OUTPUT = "Output tensor for inference response should not be e
 # The C++ literal continues its line with a backslash, so the next line's indent is kept.
 PB_NOT_DLPACK = ("Provided tensor is not supported. Tensor must be a DLPack capsule "
                  "        or have `__dlpack__` and `__dlpack_device__` attributes")
+# tritium's own: it has no GPU tensors, so a DLPack import must be readable by the CPU.
+PB_DLPACK_NOT_CPU = ("DLPack tensor cannot be imported: tritium keeps tensors in CPU memory "
+                     "(copy GPU data to the CPU first, e.g. torch's .cpu()): {reason}")
 PB_BF16_AS_NUMPY = ("Tensor dtype is BF16 and cannot be converted to NumPy. Use "
                     "to_dlpack() and from_dlpack() instead.")
 

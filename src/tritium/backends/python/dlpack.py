@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from tritium.backends.python.errors import TritonModelException
+from tritium.core import messages
+
 _LEGACY = b"dltensor"
 _VERSIONED = b"dltensor_versioned"
 # Byte offsets of DLDataType in DLTensor (after data, device, ndim), and of DLTensor in
@@ -38,9 +41,16 @@ def export_bf16(raw: np.ndarray) -> Any:
 
 
 def import_capsule(capsule: Any) -> tuple[np.ndarray, bool]:
-    """The capsule's data as numpy, and whether it was BF16 (then given as uint16)."""
+    """The capsule's data as numpy, and whether it was BF16 (then given as uint16).
+
+    Raises TritonModelException for data numpy cannot reach, such as GPU memory: tritium
+    keeps every tensor in CPU memory, where Triton would take the GPU tensor as it is.
+    """
     bf16 = _relabel(capsule, _BFLOAT, _UINT)
-    return np.from_dlpack(_Capsule(capsule)), bf16
+    try:
+        return np.from_dlpack(_Capsule(capsule)), bf16
+    except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+        raise TritonModelException(messages.PB_DLPACK_NOT_CPU.format(reason=exc)) from None
 
 
 def is_capsule(value: object) -> bool:
