@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -212,8 +211,8 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
 def _forward_pattern(text: str) -> str:
     try:
         header_forward(text)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(f"not a regular expression: {exc}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an RE2 regular expression: {exc}") from None
     return text
 
 
