@@ -211,6 +211,33 @@ def test_json_pieces_agree_with_orjson(value: Any, piece: int, junk: bytes, at: 
         assert got == expected, (candidate, piece)
 
 
+@FUZZ
+@given(json_values, st.integers(1, 48), st.integers(0, 200))
+def test_json_pieces_count_values_before_building_them(value: Any, piece: int,
+                                                       most: int) -> None:
+    """With a bound on brackets and commas outside strings, a document within it parses
+    as orjson parses it, and one past it is refused as too many values (when it is longer
+    than a piece; shorter ones are cheap whatever they hold)."""
+    text = json.dumps(value).encode()
+    tokens = _structural_tokens(value)
+    try:
+        got = json_pieces.loads(text, piece, max_tokens=most)
+    except json_pieces.TooManyValues:
+        assert tokens > most and len(text) > piece
+        return
+    assert tokens <= most or len(text) <= piece
+    assert orjson.dumps(got) == orjson.dumps(orjson.loads(text))
+
+
+def _structural_tokens(value: Any) -> int:
+    """Brackets and commas json.dumps writes for ``value``."""
+    if isinstance(value, list):
+        return 2 + max(len(value) - 1, 0) + sum(map(_structural_tokens, value))
+    if isinstance(value, dict):
+        return 2 + max(len(value) - 1, 0) + sum(map(_structural_tokens, value.values()))
+    return 0
+
+
 # ----------------------------------------------------------------------------- binary
 
 @FUZZ
