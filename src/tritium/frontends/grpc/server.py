@@ -19,6 +19,7 @@ from tritium.frontends.grpc.connection import GrpcConnection
 from tritium.frontends.grpc.http2 import Chunk
 from tritium.frontends.grpc.status import GrpcStatus
 from tritium.frontends.grpc.windows import ByteBudget
+from tritium.tls import Handshakes, handshake_cap
 
 log = logging.getLogger("tritium.grpc")
 
@@ -99,9 +100,11 @@ class GrpcProtocol(asyncio.Protocol):
 class GrpcServer:
     """A started gRPC endpoint; ``port`` is the bound port (useful when asked for 0)."""
 
-    def __init__(self, server: asyncio.Server, endpoint: GrpcEndpoint):
+    def __init__(self, server: asyncio.Server, endpoint: GrpcEndpoint,
+                 handshakes: Handshakes | None = None):
         self._server = server
         self._endpoint = endpoint
+        self._handshakes = handshakes
         self.port: int = server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
@@ -117,6 +120,8 @@ class GrpcServer:
         """Refuse new calls, give running ones ``grace`` seconds, then end the rest
         UNAVAILABLE (their requests are cancelled as SHUTDOWN)."""
         self._server.close()
+        if self._handshakes is not None:
+            self._handshakes.close()
         self._sweeper.cancel()
         endpoint = self._endpoint
         self.ask_clients_to_leave()
@@ -144,12 +149,21 @@ async def start_grpc_server(routes: Router, address: str, port: int, *,
     ``ssl_context`` is given)."""
     endpoint = GrpcEndpoint(routes, limits or GrpcLimits())
     loop = asyncio.get_running_loop()
-    # A TLS handshake is part of the preface: it gets the same time, not asyncio's 60 s.
-    handshake = endpoint.limits.preface_timeout_s if ssl_context is not None else None
+
+    def connection() -> asyncio.Protocol:
+        return GrpcProtocol(endpoint)
+
+    handshakes = None
+    factory = connection
+    if ssl_context is not None:
+        # A TLS handshake is part of the preface: it gets the same time, not asyncio's 60 s.
+        handshakes = Handshakes(ssl_context, connection,
+                                handshake_cap(endpoint.limits.max_connections),
+                                endpoint.limits.preface_timeout_s, "gRPC")
+        factory = handshakes.protocol
     try:
-        server = await loop.create_server(
-            lambda: GrpcProtocol(endpoint), address, port, backlog=1024,
-            reuse_address=True, ssl=ssl_context, ssl_handshake_timeout=handshake)
+        server = await loop.create_server(factory, address, port, backlog=1024,
+                                          reuse_address=True)
     except OSError as exc:
         raise OSError(f"gRPC endpoint cannot bind {address}:{port}: {exc.strerror}") from None
-    return GrpcServer(server, endpoint)
+    return GrpcServer(server, endpoint, handshakes)
