@@ -157,9 +157,12 @@ def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
         help="gRPC: a connection must send the HTTP/2 preface within this long")
     add("--grpc-message-timeout-secs", type=_positive_float, default=60.0,
         help="gRPC: a request message that stops arriving for this long ends its call")
-    add("--grpc-max-buffered-bytes", type=_positive, default=2**31 - 1,
+    add("--grpc-max-buffered-bytes", type=_positive, default=3 * 2**31,
         help="gRPC: request bytes the server holds at most in messages not yet taken by their "
-             "handlers, over all connections; a larger message is refused")
+             "handlers (or being inflated), over all connections; a larger message is refused")
+    add("--grpc-max-peer-buffered-bytes", type=_positive, default=2**31,
+        help="gRPC: the share of --grpc-max-buffered-bytes one client address (all its "
+             "connections together) may hold")
     add("--grpc-max-stream-requests", type=_positive, default=256,
         help="gRPC: requests one ModelStreamInfer call may have in flight; the client's "
              "further messages wait unread")
@@ -281,6 +284,7 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
             preface_timeout_secs=args.grpc_preface_timeout_secs,
             message_timeout_secs=args.grpc_message_timeout_secs,
             max_buffered_bytes=args.grpc_max_buffered_bytes,
+            max_peer_buffered_bytes=args.grpc_max_peer_buffered_bytes,
             max_stream_requests=args.grpc_max_stream_requests),
         cpu_cores=args.cpu_cores,
         python_threads_core=args.python_threads_core,

@@ -22,7 +22,8 @@ class GrpcLimitSettings:
     idle_timeout_secs: float = 300.0
     preface_timeout_secs: float = 20.0
     message_timeout_secs: float = 60.0
-    max_buffered_bytes: int = 2**31 - 1
+    max_buffered_bytes: int = 3 * 2**31
+    max_peer_buffered_bytes: int = 2**31
     max_stream_requests: int = 256
 
 

@@ -164,7 +164,9 @@ def grpc_limits(settings: GrpcLimitSettings) -> GrpcLimits:
     """The transport's limits from what the flags say."""
     return GrpcLimits(
         max_buffered_bytes=settings.max_buffered_bytes,
-        max_connection_buffered_bytes=settings.max_buffered_bytes,
+        max_peer_buffered_bytes=settings.max_peer_buffered_bytes,
+        max_connection_buffered_bytes=min(settings.max_buffered_bytes,
+                                          settings.max_peer_buffered_bytes),
         max_stream_requests=settings.max_stream_requests,
         preface_timeout_s=settings.preface_timeout_secs,
         idle_timeout_s=settings.idle_timeout_secs,

@@ -69,3 +69,12 @@ class Bystander:
 def health_url(http_url: str) -> str:
     """The liveness route of a server whose ``http_url`` is ``host:port``."""
     return f"http://{http_url}/v2/health/live"
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The most memory process ``pid`` has held resident so far (VmHWM)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")

@@ -284,8 +284,11 @@ class Frame:
 class RawClient:
     """Writes frames as given (valid or not) and reads the server's frame by frame."""
 
-    def __init__(self, port: int, settings: dict[Setting, int] | None = None):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+    def __init__(self, port: int, settings: dict[Setting, int] | None = None,
+                 source: str | None = None):
+        # ``source``: another loopback address (127.0.0.2, ...), to be another peer.
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S,
+                                             source_address=(source, 0) if source else None)
         self.buf = bytearray()
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
@@ -350,6 +353,32 @@ class RawClient:
             if found.flags & END_STREAM and found.kind in (FrameType.HEADERS, FrameType.DATA):
                 return reply
         raise AssertionError(f"connection closed before stream {stream_id} ended")
+
+    def replies(self, stream_ids: list[int]) -> dict[int, Reply]:
+        """The responses of several streams answered in any order (every header block is
+        decoded, so HPACK's table stays in step)."""
+        found_replies = {stream_id: Reply() for stream_id in stream_ids}
+        open_ids = set(stream_ids)
+        while open_ids and (found := self.read()) is not None:
+            fields = (decoded(self.decoder.decode(found.payload, raw=True))
+                      if found.kind == FrameType.HEADERS else {})
+            reply = found_replies.get(found.stream_id)
+            if reply is None:
+                continue
+            if found.kind == FrameType.HEADERS:
+                if reply.headers:
+                    reply.trailers = fields
+                else:
+                    reply.headers = fields
+            elif found.kind == FrameType.DATA:
+                reply.data += found.payload
+            elif found.kind == FrameType.RST_STREAM:
+                reply.reset = int.from_bytes(found.payload, "big")
+                open_ids.discard(found.stream_id)
+            if found.flags & END_STREAM and found.kind in (FrameType.HEADERS, FrameType.DATA):
+                open_ids.discard(found.stream_id)
+        assert not open_ids, f"connection closed before streams {sorted(open_ids)} ended"
+        return found_replies
 
 
 @pytest.fixture

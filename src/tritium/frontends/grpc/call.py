@@ -55,10 +55,13 @@ class GrpcLimits:
     stream_window: int = 16 * 1024 * 1024
     connection_window: int = 16 * 1024 * 1024
     max_frame_bytes: int = 1 << 20
-    # Request bytes held or granted credit for: per connection, and for the whole server
-    # (``ByteBudget``); a message larger than either is refused.
-    max_connection_buffered_bytes: int = 2**31 - 1
-    max_buffered_bytes: int = 2**31 - 1
+    # Request bytes held or granted credit for (inflated ones too): per connection, per peer
+    # address and for the whole server (``ByteBudget``); a message larger than any of them is
+    # refused. A peer's share holds one message of Triton's largest; the server's, three
+    # peers' (6 GiB: a quarter of a 24 GiB machine).
+    max_connection_buffered_bytes: int = 2**31
+    max_peer_buffered_bytes: int = 2**31
+    max_buffered_bytes: int = 3 * 2**31
     # Requests one ModelStreamInfer call may have in flight; more wait unread.
     max_stream_requests: int = 256
     # A connection that has not sent its preface, or has had no call, for this long is closed

@@ -18,7 +18,7 @@ from tritium.frontends.grpc.call import Call, GrpcLimits, Router
 from tritium.frontends.grpc.connection import GrpcConnection
 from tritium.frontends.grpc.http2 import Chunk
 from tritium.frontends.grpc.status import GrpcStatus
-from tritium.frontends.grpc.windows import ByteBudget
+from tritium.frontends.grpc.windows import ByteBudget, PeerBudgets
 from tritium.tls import Handshakes, handshake_cap
 
 log = logging.getLogger("tritium.grpc")
@@ -29,13 +29,15 @@ _SWEEP_S = 1.0
 
 
 class GrpcEndpoint:
-    """What the listener's connections share: routes, limits, the byte budget, the calls in
-    flight (for the drain at shutdown) and the open connections."""
+    """What the listener's connections share: routes, limits, the byte budget and each
+    peer's share of it, the calls in flight (for the drain at shutdown) and the open
+    connections."""
 
     def __init__(self, routes: Router, limits: GrpcLimits):
         self.routes = routes
         self.limits = limits
         self.budget = ByteBudget(limits.max_buffered_bytes)
+        self.peers = PeerBudgets(self.budget, limits.max_peer_buffered_bytes)
         self.calls: InFlight[Call] = InFlight()
         self.connections: set[GrpcProtocol] = set()
 
@@ -47,6 +49,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._endpoint = endpoint
         self.transport: asyncio.Transport
         self.conn: GrpcConnection | None = None
+        self._peer = ""  # the address whose share of the byte budget this connection uses
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -57,8 +60,10 @@ class GrpcProtocol(asyncio.Protocol):
             transport.close()
             return
         self.transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        self._peer = _address(transport)
         self.conn = GrpcConnection(endpoint.routes, endpoint.limits, self,
-                                   budget=endpoint.budget, calls=endpoint.calls)
+                                   budget=endpoint.peers.join(self._peer),
+                                   calls=endpoint.calls)
         endpoint.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -69,6 +74,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._endpoint.connections.discard(self)
         if self.conn is not None:
             self.conn.lost()
+            self._endpoint.peers.leave(self._peer)
 
     def pause_writing(self) -> None:
         if self.conn is not None:
@@ -95,6 +101,12 @@ class GrpcProtocol(asyncio.Protocol):
     def resume_reading(self) -> None:
         if not self.transport.is_closing():
             self.transport.resume_reading()
+
+
+def _address(transport: asyncio.BaseTransport) -> str:
+    """The peer's address without its port (its host, not its connection)."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
 
 
 class GrpcServer:
