@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-client-shm", type=_bool, default=False,
         help="let clients register system shared memory regions (/v2/systemsharedmemory, "
              "SystemSharedMemory*) and pass tensors through them")
+    add("--client-shm-key-prefix", default="",
+        help="with --allow-client-shm: the prefix every region key must start with "
+             "(default: any key of the server's user)")
     add("--model-control-mode", type=str.lower, choices=[m.value for m in ControlMode],
         default="none", help="none: load all at start; explicit: --load-model and the "
         "repository API; poll: also follow repository changes")
@@ -298,6 +301,7 @@ def parse_config(argv: Sequence[str]) -> ServerConfig:
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         openai_tokenizer=args.tokenizer,
         allow_client_shm=args.allow_client_shm,
+        client_shm_key_prefix=args.client_shm_key_prefix,
     )
 
 

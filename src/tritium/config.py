@@ -71,3 +71,4 @@ class ServerConfig:
     openai_tokenizer: Path | None = None
     # Clients may register system shared memory regions (off by default, as in Triton 2.73).
     allow_client_shm: bool = False
+    client_shm_key_prefix: str = ""

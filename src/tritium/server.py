@@ -56,7 +56,8 @@ async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
     stop = _install_signal_handlers(loop, config.lame_duck_secs)
     _place_threads(loop)
-    shared_memory = SharedMemoryRegistry(config.allow_client_shm)
+    shared_memory = SharedMemoryRegistry(config.allow_client_shm,
+                                         key_prefix=config.client_shm_key_prefix)
     service, manager = _build_core(config, loop, shared_memory)
 
     await manager.load_startup_models(list(config.load_models))

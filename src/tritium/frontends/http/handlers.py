@@ -17,7 +17,7 @@ from tritium.core.header_forward import HeaderForward
 from tritium.core.model import ModelHandle, ModelMetadata
 from tritium.core.request import InferenceRequest
 from tritium.core.service import InferenceService
-from tritium.core.shared_memory import SharedMemoryRegistry
+from tritium.core.shared_memory import ReadOnLoop, SharedMemoryRegistry
 from tritium.frontends.http import codec, compression, generate
 from tritium.frontends.http import shared_memory as shm
 from tritium.frontends.http.exchange import BodyPart, HttpExchange
@@ -165,15 +165,19 @@ class HttpApi:
         size = len(body)
         header_text = headers.get("inference-header-content-length")
         header_length = None if header_text is None else _header_length(header_text, size)
-        if size > offload.INLINE_BYTES:
+        try:
+            if size > offload.INLINE_BYTES:
+                raise ReadOnLoop
+            if header_length != 0:  # the usual request, decoded here and now
+                request = codec.decode_infer_request(
+                    body, header_length, model.name, version,
+                    max_input_size=self.max_input_size, model=model,
+                    shared_memory=self.shared_memory)
+            else:
+                request = self._decode_infer(body, header_length, model, version)
+        except ReadOnLoop:  # a big body, or a big input in a shared-memory region
             request = await offload.run(self._decode_infer, body, header_length, model, version)
             resolved = None
-        elif header_length != 0:  # the usual request, decoded here and now
-            request = codec.decode_infer_request(
-                body, header_length, model.name, version, max_input_size=self.max_input_size,
-                model=model, shared_memory=self.shared_memory)
-        else:
-            request = self._decode_infer(body, header_length, model, version)
         if self.header_forward is not None:
             self.header_forward.apply(request, headers)
         try:

@@ -209,7 +209,7 @@ def _check_binary_size(label: InputLabel, datatype: DataType, count: int, chunk:
 
 
 def _shared_memory_chunk(params: dict[str, Any], shared_memory: SharedMemoryRegistry | None,
-                         datatype: DataType, count: int, label: InputLabel) -> bytearray:
+                         datatype: DataType, count: int, label: InputLabel) -> memoryview:
     """The input's bytes, copied out of the client's region (which may change, or shrink,
     under us), its size checked before anything is read."""
     region = shm.input_slice(params, shared_memory)
