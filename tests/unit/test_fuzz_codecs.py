@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 import orjson
+import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -351,3 +352,24 @@ def test_byte_counts_in_messages_are_checked_before_decoding() -> None:
         assert "data-type is 'BYTES', but model 'm' expects 'FP32'" in exc.message
     else:
         raise AssertionError("a BYTES input for an FP32 model was decoded")
+
+
+def test_json_pieces_let_a_reader_stop_the_parse_early() -> None:
+    """``progress`` sees the document grow piece by piece; raising stops the parse there."""
+    from tritium.frontends.http.inputs import refuse_overflowing_data
+
+    text = json.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32",
+                                   "data": list(range(20_000))}]}).encode()
+    seen: list[int] = []
+
+    def progress(doc: Any) -> None:
+        seen.append(len(doc["inputs"][0]["data"]))
+        refuse_overflowing_data(doc)
+
+    with pytest.raises(TritiumError, match="Shape does not match"):
+        json_pieces.loads(text, 1024, progress=progress)
+    assert seen == [seen[0]] and 3 < seen[0] < 20_000  # stopped after the first piece
+    fitting = {"inputs": [{"name": "x", "shape": [2, 10_000], "datatype": "FP32",
+                           "data": list(range(20_000))}]}
+    assert json_pieces.loads(json.dumps(fitting).encode(), 1024,
+                             progress=refuse_overflowing_data) == fitting
