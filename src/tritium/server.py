@@ -32,6 +32,7 @@ from tritium.frontends.http.handlers import HttpApi
 from tritium.frontends.http.limits import HttpLimits
 from tritium.frontends.http.transport import HttpServer, start_http_server
 from tritium.metrics.server import MetricsServer
+from tritium.repository import overrides
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.poll import RepositoryPoller
 from tritium.tls import TlsError, TlsSettings, server_context
@@ -56,6 +57,7 @@ async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
     stop = _install_signal_handlers(loop, config.lame_duck_secs)
     _place_threads(loop)
+    overrides.sweep_stale_dirs()
     shared_memory = SharedMemoryRegistry(config.allow_client_shm,
                                          key_prefix=config.client_shm_key_prefix)
     service, manager = _build_core(config, loop, shared_memory)
