@@ -567,6 +567,44 @@ def test_priority_frames_are_ignored(raw: RawClient) -> None:
     assert raw.reply(1).infer_response().id == "p"
 
 
+def unary_frames(raw: RawClient, stream_id: int, message: bytes) -> list[bytes]:
+    return [frame(FrameType.HEADERS, END_HEADERS, stream_id, raw.block(request_headers())),
+            frame(FrameType.DATA, END_STREAM, stream_id, grpc_message(message))]
+
+
+def test_a_stream_depending_on_itself_is_reset(raw: RawClient) -> None:
+    """RFC 9113 5.3.1: a self-dependency is a stream error; the connection serves on."""
+    raw.send(frame(FrameType.HEADERS, END_HEADERS, 1, raw.block(request_headers())),
+             frame(FrameType.PRIORITY, 0, 1, (1).to_bytes(4, "big") + b"\x20"))
+    assert raw.reply(1).reset == H2Error.PROTOCOL_ERROR
+    raw.send(frame(FrameType.PRIORITY, 0, 3, (3).to_bytes(4, "big") + b"\x20"))
+    assert raw.reply(3).reset == H2Error.PROTOCOL_ERROR  # an idle stream: reset all the same
+    raw.send(*unary_frames(raw, 5, identity_request([1.0], "after")))
+    assert raw.reply(5).infer_response().id == "after"
+
+
+MALFORMED_FIELDS = {
+    "upper-case name": [(b"X-Upper", b"1")],
+    "connection": [(b"connection", b"keep-alive")],
+    "transfer-encoding": [(b"transfer-encoding", b"chunked")],
+    "te other than trailers": [(b"te", b"gzip")],
+}
+
+
+@pytest.mark.parametrize("fields", MALFORMED_FIELDS.values(), ids=MALFORMED_FIELDS.keys())
+def test_malformed_header_fields_reset_the_stream(raw: RawClient,
+                                                  fields: list[tuple[bytes, bytes]]) -> None:
+    """RFC 9113 8.2.1/8.2.2: upper-case names and connection-specific fields make the
+    request malformed: a stream error (PROTOCOL_ERROR), and the next call is served."""
+    headers = [(name, value) for name, value in request_headers() if name != b"te"]
+    if fields[0][0] != b"te":
+        headers.append((b"te", b"trailers"))
+    raw.send(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, 1, raw.block(headers + fields)))
+    assert raw.reply(1).reset == H2Error.PROTOCOL_ERROR
+    raw.send(*unary_frames(raw, 3, identity_request([1.0], "after")))
+    assert raw.reply(3).infer_response().id == "after"
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_compressed_request_message(client: H2Client, encoding: str) -> None:
     body = identity_request([9.0] * 1000, "zipped")

@@ -34,7 +34,7 @@ from tritium.frontends.grpc.call_state import (
 from tritium.frontends.grpc.control import Control
 from tritium.frontends.grpc.flood import FloodGuard
 from tritium.frontends.grpc.frames import FrameReader, NotHttp2, http1_refusal
-from tritium.frontends.grpc.headers import HeaderDecoder
+from tritium.frontends.grpc.headers import HeaderDecoder, MalformedHeaders
 from tritium.frontends.grpc.http2 import (
     END_STREAM,
     Chunk,
@@ -276,11 +276,14 @@ class GrpcConnection:
 
     # -- inbound frames ------------------------------------------------------------------
     def _on_headers(self, flags: int, stream_id: int, block: memoryview) -> None:
-        headers = self._headers.decode(bytes(block))
+        try:
+            headers: dict[str, str] | None = self._headers.decode(bytes(block))
+        except MalformedHeaders:
+            headers = None  # a stream error, once the stream is known
         call = self.calls.get(stream_id)
         ended = bool(flags & END_STREAM)
         if call is not None:  # trailers from the client: only their END_STREAM matters
-            if ended:
+            if ended and headers is not None:
                 self.remote_closed(call)
             else:
                 self.stream_error(call, H2Error.PROTOCOL_ERROR)
@@ -292,8 +295,9 @@ class GrpcConnection:
                 return  # late trailers of a call this side already finished
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "stream id went backwards")
         self._last_stream = stream_id
-        if self._going_away or len(self.calls) >= self._max_streams:
-            self.outbox.out.append(rst_stream(stream_id, H2Error.REFUSED_STREAM))
+        if headers is None or self._going_away or len(self.calls) >= self._max_streams:
+            code = H2Error.PROTOCOL_ERROR if headers is None else H2Error.REFUSED_STREAM
+            self.outbox.out.append(rst_stream(stream_id, code))
             self.count_reset()
             return
         self._start_call(stream_id, headers, ended)
