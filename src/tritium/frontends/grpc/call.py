@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 
 from tritium.core.cancellation import Cancellation, CancelReason
-from tritium.frontends.grpc.call_state import CallState
+from tritium.frontends.grpc.call_state import MOVES, CallEvent, CallState, next_state
 from tritium.frontends.grpc.flood import FloodLimits
 from tritium.frontends.grpc.messages import Message, MessageReader
 from tritium.frontends.grpc.status import GrpcStatus
@@ -158,6 +158,15 @@ class Call:
                 await self.waiter
 
     # -- for the connection --------------------------------------------------------------
+    def move(self, event: CallEvent) -> CallState:
+        """Make ``event``'s move in the table (IllegalMove if it lists none); the new
+        state. The connection applies the move's side effects."""
+        state = MOVES.get((self.state, event))
+        if state is None:
+            state = next_state(self.state, event)  # raises IllegalMove
+        self.state = state
+        return state
+
     def wake(self) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
