@@ -1,89 +1,104 @@
 """One gRPC-over-HTTP/2 connection, sans-IO: bytes in through ``receive``, frames out to one
 buffer flushed once per read (or at once when a handler writes between reads).
 
-A call's state changes only by events of the table in ``call_state`` (``Call.move``).
-``move`` here is where an event's side effects are applied: trailers, RST_STREAM, timers,
-the call's cancellation, the byte budget, bookkeeping. A call that ends early cancels its
-``Cancellation`` with the reason; nothing cancels a task for it. The usual unary call makes
-two events of its own, each one step with only the side effects it can have: its request
-arriving whole with END_STREAM, and its reply going out whole with its end (REPLIED).
+A call's state changes only by the events of the table in ``call_state``. ``_move`` makes a
+move (``Call.move``) and applies its side effects: trailers, RST_STREAM, timers, the call's
+cancellation, the byte budget, bookkeeping. A call that ends early cancels its
+``Cancellation`` with the reason; nothing cancels a task for it. The usual unary call has
+two events of its own, each one step with the only side effects it can have, looked up in
+the same table without a call: END_STREAM with its whole request (``unary_request``), and
+REPLIED, its whole reply and end at once (``answer``). Unit tests compare both ways.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
-from tritium.core.cancellation import CancelReason
+from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.inflight import InFlight
 from tritium.frontends.grpc import serving
 from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits, Router
 from tritium.frontends.grpc.call_state import (
     CLIENT_DONE,
     DECIDED,
+    MOVES,
     CallEvent,
     CallState,
     IllegalMove,
 )
 from tritium.frontends.grpc.control import Control
 from tritium.frontends.grpc.flood import FloodGuard
-from tritium.frontends.grpc.frames import FrameReader, NotHttp2, http1_refusal
+from tritium.frontends.grpc.frames import FrameReader, NotHttp2
+from tritium.frontends.grpc.headers import HeaderDecoder, MalformedHeaders
 from tritium.frontends.grpc.http2 import (
+    END_STREAM,
     Chunk,
     FrameType,
     H2Error,
     ProtocolViolation,
-    goaway,
+    header_block,
     rst_stream,
 )
 from tritium.frontends.grpc.inbound import Inbound
+from tritium.frontends.grpc.lifecycle import ConnectionLife
 from tritium.frontends.grpc.messages import MessageTooLarge
 from tritium.frontends.grpc.sending import Outbox, Output
 from tritium.frontends.grpc.status import GrpcStatus
-from tritium.frontends.grpc.streams import Streams
 from tritium.frontends.grpc.windows import ByteBudget
 from tritium.frontends.grpc.wire import (
+    ENCODINGS,
     OK_TRAILERS,
     message_of,
+    parse_timeout,
     trailers_block,
 )
 
-log = logging.getLogger("tritium.grpc")
+# A client's own deadline resets the stream a little before this side's copy of it runs out
+# (that one started counting only when the headers arrived).
+DEADLINE_SLACK_S = 0.1
 
 
-class GrpcConnection:
+# The usual unary call's events, as plain names for its hot paths.
+_REPLIED, _END_STREAM = CallEvent.REPLIED, CallEvent.END_STREAM
+
+
+class GrpcConnection(ConnectionLife):
     """Frames are handled as they arrive; a unary call is dispatched when its request is
     whole, a streaming call as soon as its headers are in."""
 
     def __init__(self, router: Router, limits: GrpcLimits, output: Output, *,
                  budget: ByteBudget, calls: InFlight[Call]):
+        self._router = router
         self.limits = limits
         self._output = output
         self._all_calls = calls  # the server's, for its drain
-        self.loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         # The loop's clock, as its own bound method: reading it costs no Python call.
-        self.now: Callable[[], float] = self.loop.time
-        now = self.loop.time()
+        self.now: Callable[[], float] = self._loop.time
+        now = self._loop.time()
         self.opened_at = self.idle_since = now
+        self._headers = HeaderDecoder(limits.max_header_list_bytes)
         self.calls: dict[int, Call] = {}
+        self._last_stream = 0
+        self._max_streams = limits.max_concurrent_streams
         self.control = Control(self)
         self.outbox = Outbox(self.control.send_window, self._flushed)
         self.inbound = Inbound(self, budget)
         self.flood = FloodGuard(limits.flood, now)
-        self.streams = Streams(self, router)
         self.reading = False  # a read is being handled: it flushes when it is done
         self.closed = False
+        self._going_away = False
         self._close_after_flush = False  # a drain is over: close once the last bytes are out
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
         control = self.control
         self._reader = FrameReader(limits.max_frame_bytes, limits.max_header_list_bytes, {
             FrameType.DATA: self.inbound.on_data,
-            FrameType.HEADERS: self.streams.on_headers,
+            FrameType.HEADERS: self._on_headers,
             FrameType.PRIORITY: control.on_priority,
-            FrameType.RST_STREAM: self.streams.on_rst_stream,
+            FrameType.RST_STREAM: self._on_rst_stream,
             FrameType.SETTINGS: control.on_settings,
             FrameType.PUSH_PROMISE: control.on_push_promise,
             FrameType.PING: control.on_ping,
@@ -110,20 +125,10 @@ class GrpcConnection:
         """The connection is gone: every call on it ends for its client."""
         self.closed = True
         for call in list(self.calls.values()):
-            self.move(call, CallEvent.LOST, reason=CancelReason.CLIENT_DISCONNECTED)
+            self._move(call, CallEvent.LOST, reason=CancelReason.CLIENT_DISCONNECTED)
         self.inbound.close()
         self._reader.clear()
         self.wake_writers()
-
-    def set_write_paused(self, paused: bool) -> None:
-        """The socket's buffer passed its high-water mark (or drained): read nothing more
-        from a peer that is not reading what it asked for."""
-        self.write_paused = paused
-        if paused:
-            self._output.pause_reading()
-        else:
-            self._output.resume_reading()
-            self.wake_writers()
 
     # -- bytes out -------------------------------------------------------------------------
     def flush(self) -> None:
@@ -159,7 +164,7 @@ class GrpcConnection:
             self.finish(call, GrpcStatus.OK)
             return
         self.flood.data_sent()
-        call.move(CallEvent.REPLIED)  # END, then FLUSHED: nothing waits for window
+        call.state = MOVES[call.state, _REPLIED]  # END, then FLUSHED: nothing waits
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
@@ -177,22 +182,22 @@ class GrpcConnection:
         # The usual end, without building its block (trailers_block's own first case).
         trailers = OK_TRAILERS if status == 0 and not message and call.headers_sent else \
             trailers_block(status, message, call.headers_sent)
-        self.move(call, CallEvent.END, reason=reason, trailers=trailers)
+        self._move(call, CallEvent.END, reason=reason, trailers=trailers)
         if not self.reading:  # flush_soon, inlined
             self.flush()
 
     def stream_error(self, call: Call, code: H2Error) -> None:
         """The peer broke the protocol on this stream only: reset it, keep the connection."""
         self.outbox.out.append(rst_stream(call.stream_id, code))
-        self.move(call, CallEvent.RESET, reason=CALL_BROKEN)
+        self._move(call, CallEvent.RESET, reason=CALL_BROKEN)
         self.count_reset()
 
     def count_reset(self) -> None:
-        if not self.flood.allow_reset(self.loop.time()):
+        if not self.flood.allow_reset(self._loop.time()):
             raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "too many streams reset")
 
     # -- the one transition ---------------------------------------------------------------
-    def move(self, call: Call, event: CallEvent, *, reason: CancelReason | None = None,
+    def _move(self, call: Call, event: CallEvent, *, reason: CancelReason | None = None,
               trailers: bytes = b"") -> None:
         before = call.state
         state = call.move(event)  # raises IllegalMove
@@ -217,11 +222,6 @@ class GrpcConnection:
             self.outbox.out.append(rst_stream(call.stream_id, H2Error.NO_ERROR))
         self._forget(call)
 
-    def add_call(self, call: Call) -> None:
-        self.calls[call.stream_id] = call
-        self._all_calls.add(call)
-        call.last_progress = self.loop.time()
-
     def _forget(self, call: Call) -> None:
         """``call`` is CLOSED: nothing of it is kept, and whoever waits on it is woken."""
         self.outbox.drop(call)
@@ -232,18 +232,18 @@ class GrpcConnection:
             call.wake()
         self.wake_writers()
         if not self.calls:
-            self.idle_since = self.loop.time()
-            if self.streams.refusing:
+            self.idle_since = self._loop.time()
+            if self._going_away:
                 self._close_after_flush = True
                 self.flush_soon()
 
     def _flushed(self, call: Call) -> None:
-        self.move(call, CallEvent.FLUSHED)
+        self._move(call, CallEvent.FLUSHED)
 
     def remote_closed(self, call: Call) -> None:
         """The client sent END_STREAM on ``call``."""
         try:
-            self.move(call, CallEvent.END_STREAM)
+            self._move(call, CallEvent.END_STREAM)
         except IllegalMove:
             self.stream_error(call, H2Error.STREAM_CLOSED)
             return
@@ -257,12 +257,93 @@ class GrpcConnection:
         """A unary call's one message (uncompressed) came whole in the DATA frame that ended
         its stream: ``remote_closed`` and ``dispatch_unary`` in one step (the move cannot be
         illegal, the call was OPEN)."""
-        call.move(CallEvent.END_STREAM)
-        call.task = self.loop.create_task(serving.serve_unary(self, call, body, False))
+        call.state = MOVES[call.state, _END_STREAM]
+        call.task = self._loop.create_task(serving.serve_unary(self, call, body, False))
+
+    # -- inbound frames ------------------------------------------------------------------
+    def _on_headers(self, flags: int, stream_id: int, block: memoryview) -> None:
+        try:
+            headers: dict[str, str] | None = self._headers.decode(bytes(block))
+        except MalformedHeaders:
+            headers = None  # a stream error, once the stream is known
+        call = self.calls.get(stream_id)
+        ended = bool(flags & END_STREAM)
+        if call is not None:  # trailers from the client: only their END_STREAM matters
+            if ended and headers is not None:
+                self.remote_closed(call)
+            else:
+                self.stream_error(call, H2Error.PROTOCOL_ERROR)
+            return
+        if not stream_id & 1:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "even stream id from client")
+        if stream_id <= self._last_stream:
+            if ended:
+                return  # late trailers of a call this side already finished
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "stream id went backwards")
+        self._last_stream = stream_id
+        if headers is None or self._going_away or len(self.calls) >= self._max_streams:
+            code = H2Error.PROTOCOL_ERROR if headers is None else H2Error.REFUSED_STREAM
+            self.outbox.out.append(rst_stream(stream_id, code))
+            self.count_reset()
+            return
+        self._start_call(stream_id, headers, ended)
+
+    def _start_call(self, stream_id: int, headers: dict[str, str], ended: bool) -> None:
+        path = headers.get(":path", "")
+        content_type = headers.get("content-type", "")
+        if headers.get(":method") != "POST" or not content_type.startswith("application/grpc"):
+            block = header_block((b":status", b"415"), (b"content-type", b"text/plain"))
+            self.outbox.answer_only(stream_id, ended, block)
+            return
+        rpc = self._router.get(path)
+        encoding = headers.get("grpc-encoding", "identity")
+        if rpc is None or encoding not in ENCODINGS:
+            message = f"unknown method {path}" if rpc is None else \
+                f"unsupported grpc-encoding '{encoding}'"
+            self.outbox.answer_only(stream_id, ended, trailers_block(
+                GrpcStatus.UNIMPLEMENTED, message, headers_sent=False))
+            return
+        call = Call(self, stream_id, rpc, encoding, headers, self.control.peer_initial_window,
+                    self.limits.stream_window, self.inbound.message_limit,
+                    Cancellation(self._loop))
+        self.calls[stream_id] = call
+        self._all_calls.add(call)
+        call.last_progress = self._loop.time()
+        timeout = headers.get("grpc-timeout")
+        if timeout is not None:
+            try:
+                seconds = parse_timeout(timeout)
+            except ValueError as exc:
+                self.finish(call, GrpcStatus.INVALID_ARGUMENT, str(exc))
+                return
+            call.deadline = self._loop.time() + seconds
+            call.timer = self._loop.call_at(call.deadline, self._expire, call)
+        if rpc.stream is not None:
+            call.task = self._loop.create_task(serving.serve_stream(self, call))
+        if ended:
+            self.remote_closed(call)
+
+    def _on_rst_stream(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "RST_STREAM is not 4 bytes")
+        if stream_id == 0 or stream_id > self._last_stream:
+            raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+        self.count_reset()
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self._move(call, CallEvent.RESET, reason=self._reason_for_reset(call))
 
     def is_idle_stream(self, stream_id: int) -> bool:
-        return stream_id > self.streams.last
+        return stream_id > self._last_stream
 
+    def _reason_for_reset(self, call: Call) -> CancelReason:
+        if call.deadline is not None and call.deadline - self._loop.time() <= DEADLINE_SLACK_S:
+            return CancelReason.DEADLINE
+        return CancelReason.CLIENT_CANCELLED
+
+    def _expire(self, call: Call) -> None:
+        call.timer = None
+        self.finish(call, GrpcStatus.DEADLINE_EXCEEDED, "Deadline Exceeded", CancelReason.DEADLINE)
 
     # -- serving -------------------------------------------------------------------------
     async def take_message(self, call: Call) -> Any:
@@ -272,72 +353,3 @@ class GrpcConnection:
 
     def message_too_large(self, call: Call, exc: MessageTooLarge) -> None:
         self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED, str(exc), CALL_BROKEN)
-
-    # -- writers waiting for room ----------------------------------------------------------
-    async def wait_writable(self) -> None:
-        if self._writable is None or self._writable.done():
-            self._writable = self.loop.create_future()
-        await self._writable
-
-    def wake_writers(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    # -- the connection as a whole -------------------------------------------------------
-    def check_timeouts(self, now: float) -> None:
-        """Called about once a second: close what a peer left hanging."""
-        limits = self.limits
-        if not self._reader.preface_seen:
-            if now - self.opened_at > limits.preface_timeout_s:
-                self._output.close()
-            return
-        if not self.calls and now - self.idle_since > limits.idle_timeout_s:
-            log.debug("closing a gRPC connection idle for %.0f s", now - self.idle_since)
-            self.go_away()
-            return
-        for call in list(self.calls.values()):
-            # Bytes held for the client to finish: a message half in, or a unary request
-            # never half-closed (a stream's whole messages wait for its handler instead).
-            waiting = call.reader.partial or (call.rpc.unary is not None and call.messages)
-            if waiting and call.state is CallState.OPEN and \
-                    now - call.last_progress > limits.message_progress_timeout_s:
-                starved = self.inbound.starved  # then the budget, not the client, is why
-                self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED if starved else
-                            GrpcStatus.CANCELLED, "the server's request buffer is full"
-                            if starved else "request message stopped arriving", CALL_BROKEN)
-
-    def go_away(self) -> None:
-        """Refuse new streams; close once the calls in flight have finished."""
-        if self.closed or self.streams.refusing:
-            return
-        if not self._reader.preface_seen:  # not an HTTP/2 connection yet: nothing to say
-            self._output.close()
-            return
-        self.streams.refusing = True
-        self.outbox.out.append(goaway(self.streams.last, H2Error.NO_ERROR))
-        self._close_after_flush = not self.calls
-        self.flush_soon()
-
-    def shut_down(self, status: GrpcStatus, message: str) -> None:
-        """End every call still running with ``status`` and close."""
-        for call in list(self.calls.values()):
-            self.finish(call, status, message, CancelReason.SHUTDOWN)
-        self.flush()
-        self._output.close()
-
-    def _fail(self, code: H2Error, message: str) -> None:
-        log.info("closing a gRPC connection: %s", message)
-        self.outbox.out.append(goaway(self.streams.last, code, message))
-        self.flush()
-        self._close()
-
-    def _reject_non_http2(self, start: bytes) -> None:
-        answer = http1_refusal(start)
-        if answer:
-            self._output.write([answer])
-        self._close()
-
-    def _close(self) -> None:
-        self.closed = True
-        self._reader.stop()  # the frames after this one in the read are not handled
-        self._output.close()
