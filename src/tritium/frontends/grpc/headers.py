@@ -36,17 +36,15 @@ class HeaderDecoder:
         except hpack.HPACKError as exc:
             raise ProtocolViolation(H2Error.COMPRESSION_ERROR, f"bad header block: {exc}") from None
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields}
-        _check_fields(headers)
+        # RFC 9113 8.2.1/8.2.2: names in lower case, no connection-specific fields.
+        names = "".join(headers)
+        if not (names.islower() or names == names.lower()) \
+                or not _CONNECTION_FIELDS.isdisjoint(headers) \
+                or headers.get("te", "trailers") != "trailers":
+            raise MalformedHeaders
         if not references_only(block):
             cache.clear()
         elif len(cache) < _CACHE_SIZE:
             cache[block] = headers
         return headers
 
-
-def _check_fields(headers: dict[str, str]) -> None:
-    """RFC 9113 8.2.1/8.2.2: names are lower case; no connection-specific fields."""
-    names = "".join(headers)
-    if names != names.lower() or not _CONNECTION_FIELDS.isdisjoint(headers) \
-            or headers.get("te", "trailers") != "trailers":
-        raise MalformedHeaders

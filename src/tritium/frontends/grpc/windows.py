@@ -80,11 +80,14 @@ class ByteBudget:
 
     A budget may be a share of a ``parent``: one peer address's share of the server's.
     Bytes held in it are held in the parent too, and its room is the smaller of the two.
+    One level only: a share's parent is the server's budget, which has none.
     """
 
     def __init__(self, limit: int, parent: ByteBudget | None = None):
+        if parent is not None and parent.parent is not None:
+            raise ValueError("a budget's share cannot itself be shared")
         self.limit = limit
-        self.parent = parent
+        self.parent: ByteBudget | None = parent
         self.held = 0
         self._waiting: dict[object, Callable[[], None]] = {}
 
@@ -112,14 +115,20 @@ class ByteBudget:
 
     def release(self, count: int) -> None:
         self.held -= count
-        if self.parent is not None:
-            self.parent.release(count)
+        parent = self.parent
+        if parent is not None:  # ByteBudget.release of the parent, without the call
+            parent.held -= count
+            if parent._waiting:
+                parent._retry_waiters()
         if self._waiting:
-            for key, retry in list(self._waiting.items()):
-                if self.room() <= 0:
-                    break
-                if self._waiting.pop(key, None) is not None:
-                    retry()
+            self._retry_waiters()
+
+    def _retry_waiters(self) -> None:
+        for key, retry in list(self._waiting.items()):
+            if self.room() <= 0:
+                break
+            if self._waiting.pop(key, None) is not None:
+                retry()
 
     def wait(self, key: object, retry: Callable[[], None]) -> None:
         """Call ``retry`` once bytes are released where they ran out (``retry`` may call
