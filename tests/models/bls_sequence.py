@@ -23,10 +23,10 @@ def _sum(value, correlation_id, flags=0, decoupled=False):
         inputs=[pb_utils.Tensor("INPUT0", np.array([value], dtype=np.int32))],
         requested_output_names=["SUM"], flags=flags, correlation_id=correlation_id)
     if decoupled:
-        responses = list(request.exec(decoupled=True))
-        if len(responses) != 1:
-            raise AssertionError(f"{len(responses)} responses where one was expected")
-        response = responses[0]
+        responses = request.exec(decoupled=True)
+        response = next(responses)
+        if next(responses, None) is not None:
+            raise AssertionError("a second response where one was expected")
     else:
         response = request.exec()
     if response.has_error():
