@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -18,6 +19,19 @@ REPOSITORY = Path(__file__).resolve().parent.parent / "src" / "tritium" / "examp
 
 # (server, concurrency, seconds) -> the latency of every request, in seconds
 Run = Callable[[TritiumProcess, int, float], Awaitable[list[float]]]
+
+
+def binary_infer_request(model: str, data: bytes, shape: list[int]) -> bytes:
+    """A whole HTTP /infer request with one FP32 input ``data`` of ``shape`` as binary data,
+    asking for OUTPUT0 back as binary data."""
+    header = json.dumps({
+        "inputs": [{"name": "INPUT0", "shape": shape, "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(data)}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }).encode()
+    return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: bench\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\n"
+            f"Content-Length: {len(header) + len(data)}\r\n\r\n").encode() + header + data
 
 
 def cpu_seconds(pid: int) -> float:

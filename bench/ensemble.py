@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from tests.server_process import TritiumProcess
 from tests.zoo import add_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from driver import cpu_seconds
+from driver import binary_infer_request, cpu_seconds
 
 STEPS = ("identity_1", "identity_2", "identity_3")
 
@@ -44,14 +43,7 @@ def build(repo: Path) -> None:
 
 def request_bytes(model: str, elements: int) -> bytes:
     data = np.arange(elements, dtype=np.float32).tobytes()
-    header = json.dumps({
-        "inputs": [{"name": "INPUT0", "shape": [elements], "datatype": "FP32",
-                    "parameters": {"binary_data_size": len(data)}}],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-    }).encode()
-    return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: bench\r\n"
-            f"Inference-Header-Content-Length: {len(header)}\r\n"
-            f"Content-Length: {len(header) + len(data)}\r\n\r\n").encode() + header + data
+    return binary_infer_request(model, data, [elements])
 
 
 async def client(port: int, payloads: list[bytes], stop_at: float,

@@ -11,7 +11,6 @@ reads the server's own CPU time from /proc before and after each run.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -19,21 +18,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from driver import REPOSITORY, Run, cpu_seconds, main
+from driver import REPOSITORY, Run, binary_infer_request, cpu_seconds, main
 
 __all__ = ["REPOSITORY", "cpu_seconds", "request_bytes", "run"]
 
 
 def request_bytes(model: str, elements: int) -> bytes:
     data = np.arange(elements, dtype=np.float32).tobytes()
-    header = json.dumps({
-        "inputs": [{"name": "INPUT0", "shape": [1, elements], "datatype": "FP32",
-                    "parameters": {"binary_data_size": len(data)}}],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-    }).encode()
-    return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: bench\r\n"
-            f"Inference-Header-Content-Length: {len(header)}\r\n"
-            f"Content-Length: {len(header) + len(data)}\r\n\r\n").encode() + header + data
+    return binary_infer_request(model, data, [1, elements])
 
 
 async def client(port: int, payload: bytes, stop_at: float, latencies: list[float]) -> None:

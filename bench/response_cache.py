@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from driver import cpu_seconds
+from driver import binary_infer_request, cpu_seconds
 from tests.server_process import TritiumProcess
 
 MODEL = '''
@@ -66,14 +65,7 @@ def write_repository(root: Path, elements: int) -> Path:
 
 
 def request_bytes(model: str, data: bytes) -> bytes:
-    header = json.dumps({
-        "inputs": [{"name": "INPUT0", "shape": [1, len(data) // 4], "datatype": "FP32",
-                    "parameters": {"binary_data_size": len(data)}}],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-    }).encode()
-    return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: bench\r\n"
-            f"Inference-Header-Content-Length: {len(header)}\r\n"
-            f"Content-Length: {len(header) + len(data)}\r\n\r\n").encode() + header + data
+    return binary_infer_request(model, data, [1, len(data) // 4])
 
 
 async def client(port: int, payloads: list[bytes], stop_at: float,
