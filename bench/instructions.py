@@ -1,7 +1,7 @@
 """User-space CPU instructions the server executes per identity inference, HTTP and gRPC.
 
 Timings on a small shared machine wander by 10-20 % from run to run; an instruction count
-does not. This starts ``tritium serve`` on the bundled example repository under valgrind's
+does not. This starts ``tritium serve`` with the bundled example identity model under valgrind's
 callgrind, warms it up, zeroes the counters, sends N requests one at a time (HTTP: the binary
 tensor extension over one keep-alive socket; gRPC: ModelInfer over one channel, with a
 deadline, as perf_analyzer-like clients send), dumps the counters and divides. Every thread
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -143,7 +144,9 @@ def measure(tree: Path, protocol: str, requests: int, trace: str | None = None,
     """Instructions per request of the server from ``tree``'s sources (all its processes)."""
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
-        server = TritiumProcess(REPOSITORY, *trace_flags(trace, directory),
+        # identity alone: the other models' instances would only slow the start under valgrind.
+        shutil.copytree(REPOSITORY / "identity", directory / "repository" / "identity")
+        server = TritiumProcess(directory / "repository", *trace_flags(trace, directory),
                                 "--python-instance-kind", kind,
                                 env={"PYTHONPATH": str(tree / "src")})
         server.args = ["valgrind", "--tool=callgrind", "--trace-children=yes",
