@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -119,6 +118,9 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
     add("--allow-client-shm", type=_bool, default=False,
         help="let clients register system shared memory regions (/v2/systemsharedmemory, "
              "SystemSharedMemory*) and pass tensors through them")
+    add("--client-shm-key-prefix", default="",
+        help="with --allow-client-shm: the prefix every region key must start with "
+             "(default: any key of the server's user)")
     add("--model-control-mode", type=str.lower, choices=[m.value for m in ControlMode],
         default="none", help="none: load all at start; explicit: --load-model and the "
         "repository API; poll: also follow repository changes")
@@ -176,9 +178,12 @@ def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
         help="gRPC: a connection must send the HTTP/2 preface within this long")
     add("--grpc-message-timeout-secs", type=_positive_float, default=60.0,
         help="gRPC: a request message that stops arriving for this long ends its call")
-    add("--grpc-max-buffered-bytes", type=_positive, default=2**31 - 1,
+    add("--grpc-max-buffered-bytes", type=_positive, default=3 * 2**31,
         help="gRPC: request bytes the server holds at most in messages not yet taken by their "
-             "handlers, over all connections; a larger message is refused")
+             "handlers (or being inflated), over all connections; a larger message is refused")
+    add("--grpc-max-peer-buffered-bytes", type=_positive, default=2**31,
+        help="gRPC: the share of --grpc-max-buffered-bytes one client address (all its "
+             "connections together) may hold")
     add("--grpc-max-stream-requests", type=_positive, default=256,
         help="gRPC: requests one ModelStreamInfer call may have in flight; the client's "
              "further messages wait unread")
@@ -230,8 +235,8 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
 def _forward_pattern(text: str) -> str:
     try:
         header_forward(text)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(f"not a regular expression: {exc}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an RE2 regular expression: {exc}") from None
     return text
 
 
@@ -317,6 +322,7 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace,
             preface_timeout_secs=args.grpc_preface_timeout_secs,
             message_timeout_secs=args.grpc_message_timeout_secs,
             max_buffered_bytes=args.grpc_max_buffered_bytes,
+            max_peer_buffered_bytes=args.grpc_max_peer_buffered_bytes,
             max_stream_requests=args.grpc_max_stream_requests,
             max_connection_age_ms=args.grpc_max_connection_age,
             max_connection_age_grace_ms=args.grpc_max_connection_age_grace),
@@ -332,6 +338,7 @@ def _config(parser: argparse.ArgumentParser, args: argparse.Namespace,
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         openai_tokenizer=args.tokenizer,
         allow_client_shm=args.allow_client_shm,
+        client_shm_key_prefix=args.client_shm_key_prefix,
         **_triton_settings(parser, args, exit_on_error=command == "tritonserver"),
     )
 

@@ -24,7 +24,8 @@ class GrpcLimitSettings:
     idle_timeout_secs: float = 300.0
     preface_timeout_secs: float = 20.0
     message_timeout_secs: float = 60.0
-    max_buffered_bytes: int = 2**31 - 1
+    max_buffered_bytes: int = 3 * 2**31
+    max_peer_buffered_bytes: int = 2**31
     max_stream_requests: int = 256
     max_connection_age_ms: int | None = None  # None: connections live as long as they like
     max_connection_age_grace_ms: int | None = None
@@ -92,3 +93,5 @@ class ServerConfig:
     model_config_name: str | None = None
     # --trace-config: Triton's trace modes and settings (tracing/settings.py).
     trace: TraceSettings = field(default_factory=TraceSettings)
+    # --client-shm-key-prefix: the keys a client may register shared memory under.
+    client_shm_key_prefix: str = ""

@@ -34,6 +34,7 @@ from tritium.frontends.http.handlers import HttpApi
 from tritium.frontends.http.limits import HttpLimits
 from tritium.frontends.http.transport import HttpServer, start_http_server
 from tritium.metrics.server import MetricsOptions, MetricsServer
+from tritium.repository import overrides
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.poll import RepositoryPoller
 from tritium.tls import TlsError, TlsSettings, server_context
@@ -59,7 +60,9 @@ async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
     stop = _install_signal_handlers(loop, config.lame_duck_secs)
     _place_threads(loop)
-    shared_memory = SharedMemoryRegistry(config.allow_client_shm)
+    overrides.sweep_stale_dirs()
+    shared_memory = SharedMemoryRegistry(config.allow_client_shm,
+                                         key_prefix=config.client_shm_key_prefix)
     service, manager = _build_core(config, loop, shared_memory)
 
     await manager.load_startup_models(list(config.load_models))
@@ -192,7 +195,9 @@ def grpc_limits(settings: GrpcLimitSettings) -> GrpcLimits:
     """The transport's limits from what the flags say."""
     return GrpcLimits(
         max_buffered_bytes=settings.max_buffered_bytes,
-        max_connection_buffered_bytes=settings.max_buffered_bytes,
+        max_peer_buffered_bytes=settings.max_peer_buffered_bytes,
+        max_connection_buffered_bytes=min(settings.max_buffered_bytes,
+                                          settings.max_peer_buffered_bytes),
         max_stream_requests=settings.max_stream_requests,
         preface_timeout_s=settings.preface_timeout_secs,
         idle_timeout_s=settings.idle_timeout_secs,

@@ -219,7 +219,8 @@ def test_gzip_bomb_is_refused_quickly(server: TritiumProcess) -> None:
         reply = raw.reply(1)
         elapsed = time.monotonic() - started
     assert reply.status in (GrpcStatus.RESOURCE_EXHAUSTED, GrpcStatus.INTERNAL), reply
-    assert "larger than" in reply.message
+    # Over the message limit, or (counted step by step) over what the budget has left.
+    assert "larger than" in reply.message or "does not fit" in reply.message
     assert elapsed < 5.0
     assert during < PROMPT_S
     assert_still_serving(server)

@@ -284,8 +284,11 @@ class Frame:
 class RawClient:
     """Writes frames as given (valid or not) and reads the server's frame by frame."""
 
-    def __init__(self, port: int, settings: dict[Setting, int] | None = None):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+    def __init__(self, port: int, settings: dict[Setting, int] | None = None,
+                 source: str | None = None):
+        # ``source``: another loopback address (127.0.0.2, ...), to be another peer.
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S,
+                                             source_address=(source, 0) if source else None)
         self.buf = bytearray()
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
@@ -350,6 +353,32 @@ class RawClient:
             if found.flags & END_STREAM and found.kind in (FrameType.HEADERS, FrameType.DATA):
                 return reply
         raise AssertionError(f"connection closed before stream {stream_id} ended")
+
+    def replies(self, stream_ids: list[int]) -> dict[int, Reply]:
+        """The responses of several streams answered in any order (every header block is
+        decoded, so HPACK's table stays in step)."""
+        found_replies = {stream_id: Reply() for stream_id in stream_ids}
+        open_ids = set(stream_ids)
+        while open_ids and (found := self.read()) is not None:
+            fields = (decoded(self.decoder.decode(found.payload, raw=True))
+                      if found.kind == FrameType.HEADERS else {})
+            reply = found_replies.get(found.stream_id)
+            if reply is None:
+                continue
+            if found.kind == FrameType.HEADERS:
+                if reply.headers:
+                    reply.trailers = fields
+                else:
+                    reply.headers = fields
+            elif found.kind == FrameType.DATA:
+                reply.data += found.payload
+            elif found.kind == FrameType.RST_STREAM:
+                reply.reset = int.from_bytes(found.payload, "big")
+                open_ids.discard(found.stream_id)
+            if found.flags & END_STREAM and found.kind in (FrameType.HEADERS, FrameType.DATA):
+                open_ids.discard(found.stream_id)
+        assert not open_ids, f"connection closed before streams {sorted(open_ids)} ended"
+        return found_replies
 
 
 @pytest.fixture
@@ -536,6 +565,44 @@ def test_priority_frames_are_ignored(raw: RawClient) -> None:
              frame(0xEE, 0, 0, b"an extension frame"),  # unknown types are ignored too
              frame(FrameType.DATA, END_STREAM, 1, grpc_message(identity_request([1.0], "p"))))
     assert raw.reply(1).infer_response().id == "p"
+
+
+def unary_frames(raw: RawClient, stream_id: int, message: bytes) -> list[bytes]:
+    return [frame(FrameType.HEADERS, END_HEADERS, stream_id, raw.block(request_headers())),
+            frame(FrameType.DATA, END_STREAM, stream_id, grpc_message(message))]
+
+
+def test_a_stream_depending_on_itself_is_reset(raw: RawClient) -> None:
+    """RFC 9113 5.3.1: a self-dependency is a stream error; the connection serves on."""
+    raw.send(frame(FrameType.HEADERS, END_HEADERS, 1, raw.block(request_headers())),
+             frame(FrameType.PRIORITY, 0, 1, (1).to_bytes(4, "big") + b"\x20"))
+    assert raw.reply(1).reset == H2Error.PROTOCOL_ERROR
+    raw.send(frame(FrameType.PRIORITY, 0, 3, (3).to_bytes(4, "big") + b"\x20"))
+    assert raw.reply(3).reset == H2Error.PROTOCOL_ERROR  # an idle stream: reset all the same
+    raw.send(*unary_frames(raw, 5, identity_request([1.0], "after")))
+    assert raw.reply(5).infer_response().id == "after"
+
+
+MALFORMED_FIELDS = {
+    "upper-case name": [(b"X-Upper", b"1")],
+    "connection": [(b"connection", b"keep-alive")],
+    "transfer-encoding": [(b"transfer-encoding", b"chunked")],
+    "te other than trailers": [(b"te", b"gzip")],
+}
+
+
+@pytest.mark.parametrize("fields", MALFORMED_FIELDS.values(), ids=MALFORMED_FIELDS.keys())
+def test_malformed_header_fields_reset_the_stream(raw: RawClient,
+                                                  fields: list[tuple[bytes, bytes]]) -> None:
+    """RFC 9113 8.2.1/8.2.2: upper-case names and connection-specific fields make the
+    request malformed: a stream error (PROTOCOL_ERROR), and the next call is served."""
+    headers = [(name, value) for name, value in request_headers() if name != b"te"]
+    if fields[0][0] != b"te":
+        headers.append((b"te", b"trailers"))
+    raw.send(frame(FrameType.HEADERS, END_HEADERS | END_STREAM, 1, raw.block(headers + fields)))
+    assert raw.reply(1).reset == H2Error.PROTOCOL_ERROR
+    raw.send(*unary_frames(raw, 3, identity_request([1.0], "after")))
+    assert raw.reply(3).infer_response().id == "after"
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])

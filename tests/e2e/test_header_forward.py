@@ -4,6 +4,7 @@ and every request of a ModelStreamInfer stream."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 from collections.abc import Iterator
@@ -17,8 +18,17 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.bystander import Bystander, health_url
+from tests.e2e.test_grpc_raw import (
+    RawClient,
+    grpc_message,
+    grpc_port,
+    infer_request,
+    request_headers,
+)
 from tests.server_process import TritiumProcess
 from tests.zoo import add_model
+from tritium.frontends.grpc.http2 import END_HEADERS, END_STREAM, FrameType, frame
 
 CONFIG = ('backend: "python"\n'
           'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [1] }]\n'
@@ -140,3 +150,30 @@ def test_a_reserved_header_that_matches_is_refused(everything: TritiumProcess,
         grpc_infer(everything, {name: "1"})
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert words in str(caught.value.message())
+
+
+@pytest.fixture(scope="module")
+def tracing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritiumProcess]:
+    process = start(tmp_path_factory.mktemp("forward_trace"), ".*trace.*")
+    yield process
+    assert process.stop() == 0, process.log()
+
+
+def test_long_header_names_never_stall_the_server(tracing: TritiumProcess) -> None:
+    """The patterns that backtrack in a regex engine that does (".*trace.*" against a
+    60,000-character name took 28 s) are matched in linear time: the request is answered
+    and an unrelated client keeps being served meanwhile, over HTTP and gRPC."""
+    bystander = Bystander(health_url(tracing.http_url))
+    with bystander.watching() as latencies:
+        for _ in range(3):
+            found = http_infer(tracing, {"a" * 60_000: "x", "x-trace-id": "7"})
+            assert found == {"body_param": 7, "x-trace-id": "7"}
+            with contextlib.closing(RawClient(grpc_port(tracing))) as raw:
+                request = grpc_message(infer_request("parameters_echo",
+                                                     np.zeros(1, np.float32), "long"))
+                raw.send(frame(FrameType.HEADERS, END_HEADERS, 1, raw.block(
+                    request_headers(**{"b" * 30_000: "x"}))),
+                    frame(FrameType.DATA, END_STREAM, 1, request))
+                assert raw.reply(1).infer_response().id == "long"
+    bystander.close()
+    bystander.assert_served(latencies)

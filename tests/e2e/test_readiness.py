@@ -164,3 +164,22 @@ def test_an_instance_process_that_dies_is_not_ready_until_restarted(
     expect(server, strict, False)
     wait_until(lambda: http_ready(server))
     expect(server, strict, True)
+
+
+def test_a_load_refused_before_model_code_runs_leaves_readiness_alone(
+        tmp_path: Path, server_box: list[TritiumProcess]) -> None:
+    """An explicit load refused from the configs alone (an ensemble cycle, a step of an
+    unknown model, a tensor nobody writes, a config that does not fit its steps) answers 400
+    and changes nothing: the server stays ready under strict readiness."""
+    from tests.e2e.ensemble_repos import BAD, build_validation_repository
+
+    repo = build_validation_repository(tmp_path / "repo")
+    server = serve(repo, True, "--model-control-mode=explicit", "--load-model=good")
+    server_box.append(server)
+    expect(server, True, True)
+    base = f"http://{server.http_url}/v2/repository/models"
+    refused = [name for name in BAD if name != "bad_dependency"]  # that one runs model code
+    for name in refused:
+        reply = requests.post(f"{base}/{name}/load", timeout=60)
+        assert reply.status_code == 400, (name, reply.text)
+        assert ready(server), (name, server.log())

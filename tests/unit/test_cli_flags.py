@@ -100,6 +100,7 @@ TRITIUM_ONLY = {
     "http-body-timeout-secs", "http-min-body-rate", "http-send-timeout-secs",
     "http-max-connections", "http-use-ssl", "http-use-ssl-mutual", "http-server-cert",
     "http-server-key", "http-root-cert", "lame-duck-secs",
+    "grpc-max-peer-buffered-bytes", "client-shm-key-prefix",
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 import orjson
+import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -211,6 +212,33 @@ def test_json_pieces_agree_with_orjson(value: Any, piece: int, junk: bytes, at: 
         assert got == expected, (candidate, piece)
 
 
+@FUZZ
+@given(json_values, st.integers(1, 48), st.integers(0, 200))
+def test_json_pieces_count_values_before_building_them(value: Any, piece: int,
+                                                       most: int) -> None:
+    """With a bound on brackets and commas outside strings, a document within it parses
+    as orjson parses it, and one past it is refused as too many values (when it is longer
+    than a piece; shorter ones are cheap whatever they hold)."""
+    text = json.dumps(value).encode()
+    tokens = _structural_tokens(value)
+    try:
+        got = json_pieces.loads(text, piece, max_tokens=most)
+    except json_pieces.TooManyValues:
+        assert tokens > most and len(text) > piece
+        return
+    assert tokens <= most or len(text) <= piece
+    assert orjson.dumps(got) == orjson.dumps(orjson.loads(text))
+
+
+def _structural_tokens(value: Any) -> int:
+    """Brackets and commas json.dumps writes for ``value``."""
+    if isinstance(value, list):
+        return 2 + max(len(value) - 1, 0) + sum(map(_structural_tokens, value))
+    if isinstance(value, dict):
+        return 2 + max(len(value) - 1, 0) + sum(map(_structural_tokens, value.values()))
+    return 0
+
+
 # ----------------------------------------------------------------------------- binary
 
 @FUZZ
@@ -324,3 +352,24 @@ def test_byte_counts_in_messages_are_checked_before_decoding() -> None:
         assert "data-type is 'BYTES', but model 'm' expects 'FP32'" in exc.message
     else:
         raise AssertionError("a BYTES input for an FP32 model was decoded")
+
+
+def test_json_pieces_let_a_reader_stop_the_parse_early() -> None:
+    """``progress`` sees the document grow piece by piece; raising stops the parse there."""
+    from tritium.frontends.http.inputs import refuse_overflowing_data
+
+    text = json.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32",
+                                   "data": list(range(20_000))}]}).encode()
+    seen: list[int] = []
+
+    def progress(doc: Any) -> None:
+        seen.append(len(doc["inputs"][0]["data"]))
+        refuse_overflowing_data(doc)
+
+    with pytest.raises(TritiumError, match="Shape does not match"):
+        json_pieces.loads(text, 1024, progress=progress)
+    assert seen == [seen[0]] and 3 < seen[0] < 20_000  # stopped after the first piece
+    fitting = {"inputs": [{"name": "x", "shape": [2, 10_000], "datatype": "FP32",
+                           "data": list(range(20_000))}]}
+    assert json_pieces.loads(json.dumps(fitting).encode(), 1024,
+                             progress=refuse_overflowing_data) == fitting

@@ -229,7 +229,9 @@ def run(app_name: str, chunks: list[bytes]) -> list[int]:
         written = asyncio.run(scenario())
     found = statuses(written) if written.startswith(b"HTTP/") else []
     assert written == b"" or found, written[:200]
-    assert all(status < 500 for status in found), (found, written[:300])
+    # 501: a transfer coding the server does not implement (RFC 9112 §6.1), the client's
+    # doing like any 4xx; every other 5xx would be the server's fault.
+    assert all(status < 500 or status == 501 for status in found), (found, written[:300])
     assert not errors, [record.getMessage() for record in errors]
     return found
 

@@ -7,10 +7,8 @@ import itertools
 import pytest
 
 from tritium.frontends.grpc.call_state import (
-    ANSWERED,
     CLIENT_DONE,
     DECIDED,
-    HALF_CLOSED_BY_CLIENT,
     CallEvent,
     CallState,
     IllegalMove,
@@ -35,6 +33,7 @@ LEGAL: dict[tuple[CallState, CallEvent], CallState] = {
     (S.ENDING_HALF_CLOSED, E.FLUSHED): S.CLOSED,
     (S.ENDING_HALF_CLOSED, E.RESET): S.CLOSED,
     (S.ENDING_HALF_CLOSED, E.LOST): S.CLOSED,
+    (S.HALF_CLOSED, E.REPLIED): S.CLOSED,
 }
 ILLEGAL = [pair for pair in itertools.product(CallState, CallEvent) if pair not in LEGAL]
 
@@ -110,6 +109,9 @@ def test_decided_and_client_done_sets() -> None:
         set(CallState) - CLIENT_DONE - {S.CLOSED}
 
 
-def test_the_one_step_moves_of_the_usual_unary_call_are_the_tables() -> None:
-    assert HALF_CLOSED_BY_CLIENT is next_state(S.OPEN, E.END_STREAM) is S.HALF_CLOSED
-    assert ANSWERED is next_state(next_state(S.HALF_CLOSED, E.END), E.FLUSHED) is S.CLOSED
+def test_the_one_step_reply_is_its_two_moves() -> None:
+    """REPLIED, the usual unary reply going out whole, is END then FLUSHED, and legal only
+    where both are: once the request is whole."""
+    assert next_state(S.HALF_CLOSED, E.REPLIED) is \
+        next_state(next_state(S.HALF_CLOSED, E.END), E.FLUSHED)
+    assert [state for (state, event) in LEGAL if event is E.REPLIED] == [S.HALF_CLOSED]

@@ -27,7 +27,7 @@ from tritium.frontends.grpc.http2 import (
     strip_padding,
     window_update,
 )
-from tritium.frontends.grpc.messages import inflate
+from tritium.frontends.grpc.messages import BufferExhausted, inflate
 from tritium.frontends.grpc.wire import encode_status_message, parse_timeout
 
 
@@ -197,7 +197,32 @@ MESSAGE = b"tritium " * 1000
 
 
 def decompress(data: bytes, encoding: str, limit: int) -> bytes:
-    return asyncio.run(inflate(data, encoding, limit))
+    return bytes(asyncio.run(inflate(data, encoding, limit)))
+
+
+def test_a_message_of_many_steps_is_joined_whole() -> None:
+    """More than one 4 MiB step: the pieces are joined into one buffer, in order."""
+    message = bytes(range(256)) * (40_000)  # ~10 MiB
+    assert decompress(gzip.compress(message, 1), "gzip", 1 << 30) == message
+
+
+def test_each_step_is_counted_and_a_refusal_ends_the_inflation() -> None:
+    """``hold`` is asked for every step's bytes; when it says no, the inflation stops with
+    BufferExhausted (a ValueError) before inflating more."""
+    counted: list[int] = []
+
+    def hold(count: int) -> bool:
+        counted.append(count)
+        return sum(counted) <= 5 << 20
+
+    bomb = gzip.compress(bytes(64 << 20))
+    with pytest.raises(BufferExhausted, match="does not fit"):
+        asyncio.run(inflate(bomb, "gzip", 1 << 30, hold))
+    assert sum(counted) <= 12 << 20  # stopped after the step that did not fit
+    counted.clear()
+    assert decompress(gzip.compress(MESSAGE), "gzip", 1 << 20) == MESSAGE
+    assert bytes(asyncio.run(inflate(gzip.compress(MESSAGE), "gzip", 1 << 20, hold))) == MESSAGE
+    assert sum(counted) == len(MESSAGE)
 
 
 def test_gzip_round_trip() -> None:

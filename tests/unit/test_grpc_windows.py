@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tritium.frontends.grpc.http2 import MAX_WINDOW
-from tritium.frontends.grpc.windows import ByteBudget, RecvWindow, SendWindow, WindowError
+from tritium.frontends.grpc.windows import (
+    ByteBudget,
+    PeerBudgets,
+    RecvWindow,
+    SendWindow,
+    WindowError,
+)
 
 
 def test_recv_window_takes_exactly_what_was_granted() -> None:
@@ -130,3 +136,48 @@ def test_forgotten_waiter_is_not_retried() -> None:
     budget.forget("never waited")
     budget.release(10)
     assert called == []
+
+
+def test_a_peers_share_holds_in_the_server_budget_too() -> None:
+    server = ByteBudget(100)
+    one, other = ByteBudget(60, server), ByteBudget(60, server)
+    assert one.ceiling == 60 and ByteBudget(500, server).ceiling == 100
+    assert one.reserve(60)
+    assert not one.reserve(1)  # its share is spent, though the server has room
+    assert server.held == 60 and server.room() == 40
+    assert other.room() == 40  # the server's room is the smaller
+    assert not other.reserve(41)
+    assert other.reserve(40)
+    one.release(60)
+    assert (one.held, other.held, server.held) == (0, 40, 40)
+
+
+def test_a_waiter_is_retried_when_what_it_lacked_comes_back() -> None:
+    """Waiting on a spent share, release within that share retries it; waiting with room
+    in its share but none in the server, any peer's release retries it."""
+    server = ByteBudget(100)
+    one, other = ByteBudget(60, server), ByteBudget(60, server)
+    assert one.reserve(60) and other.reserve(40)
+    called: list[str] = []
+    one.wait("one", lambda: called.append("one"))  # its share is spent
+    other.wait("other", lambda: called.append("other"))  # the server is spent
+    other.release(10)
+    assert called == ["other"]
+    one.release(10)
+    assert called == ["other", "one"]
+    other.wait("gone", lambda: called.append("gone"))
+    other.forget("gone")
+    one.release(50)
+    assert called == ["other", "one"]
+
+
+def test_peer_budgets_share_one_per_address_while_it_has_connections() -> None:
+    peers = PeerBudgets(ByteBudget(100), 30)
+    first = peers.join("10.0.0.1")
+    assert peers.join("10.0.0.1") is first and len(peers) == 1
+    assert peers.join("10.0.0.2") is not first and len(peers) == 2
+    peers.leave("10.0.0.1")
+    assert peers.join("10.0.0.1") is first
+    peers.leave("10.0.0.1")
+    peers.leave("10.0.0.1")
+    assert len(peers) == 1

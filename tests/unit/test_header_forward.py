@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tritium.cli import parse_config
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.header_forward import HeaderForward, header_forward
+from tritium.core.header_forward import HeaderForward, PatternError, header_forward
 from tritium.core.request import InferenceRequest
 
 
@@ -54,8 +57,51 @@ def test_a_header_wins_over_a_body_parameter_of_its_name() -> None:
 def test_no_pattern_forwards_nothing() -> None:
     assert header_forward("") is None
     assert header_forward(None) is None
-    with pytest.raises(re.error):
+    with pytest.raises(PatternError):
         HeaderForward("(unclosed")
+
+
+def test_perl_only_syntax_is_refused_as_triton_refuses_it() -> None:
+    """RE2 has no lookaround or backreferences; tritonserver refuses such a pattern too."""
+    for pattern in ("(?=a)b", r"(a)\1"):
+        with pytest.raises(PatternError):
+            HeaderForward(pattern)
+
+
+@pytest.mark.parametrize("pattern", [".*trace.*", ".*-fwd", "(a|aa)*b", "(.*)*x"])
+def test_matching_takes_time_linear_in_the_name(pattern: str) -> None:
+    """Names a backtracking matcher takes seconds on (60,000 characters, no match) are
+    answered in milliseconds."""
+    forward = HeaderForward(pattern)
+    names = [("a" * 60_000, "v"), ("-" * 30_000 + "fw", "v"), ("a" * 30_000 + "c", "v")]
+    started = time.monotonic()
+    assert forward.parameters(names) == {}
+    assert time.monotonic() - started < 0.5
+
+
+_WORDS = st.text(alphabet="abXY_-", max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.lists(st.sampled_from(["a", "b", "X", "_", ".", ".*", "^", "$", "-",
+                                         "[ab]", "(a|b)", "?", "+"]), max_size=6),
+       names=st.lists(_WORDS, max_size=4))
+def test_simple_patterns_forward_what_a_search_ignoring_case_finds(
+        pieces: list[str], names: list[str]) -> None:
+    """On the syntax RE2 and Python share, a forward pattern matches what ``re.search``
+    with IGNORECASE matches: the same names are forwarded."""
+    pattern = "".join(pieces)
+    try:
+        expected = re.compile(pattern, re.IGNORECASE)
+    except re.error:
+        return
+    try:
+        forward = HeaderForward(pattern)
+    except PatternError:
+        return  # e.g. "a**": Python refuses it or not, RE2 decides on its own
+    headers = [(name, "v") for name in names if not name.startswith("triton_")]
+    found = forward.parameters(headers)
+    assert set(found) == {name for name, _ in headers if expected.search(name)}
 
 
 def test_flags_reach_the_config() -> None:

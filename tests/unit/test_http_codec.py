@@ -588,6 +588,9 @@ def test_decompress_body(encoding: str, pack: Any) -> None:
     expect_invalid("--http-max-input-size", decompress_body, pack(data), encoding, 100)
     expect_invalid("failed to decompress", decompress_body, b"not compressed", encoding, 100)
     expect_invalid("truncated", decompress_body, pack(data)[:-8], encoding, 10_000)
+    # Junk (or a second member) after the compressed data is not silently dropped.
+    expect_invalid("bytes follow the compressed data", decompress_body,
+                   pack(data) + b"junk", encoding, 10_000)
 
 
 def test_decompress_identity_and_unknown() -> None:

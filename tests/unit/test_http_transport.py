@@ -1160,3 +1160,31 @@ def test_a_connection_that_never_connects_stops_counting() -> None:
         assert transport.aborted
 
     asyncio.run(scenario())
+
+
+FAULTY_FRAMING = {
+    "chunked not alone": (b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: identity, chunked"
+                          b"\r\n\r\n2\r\nab\r\n0\r\n\r\n", 501, "only chunked"),
+    "gzip coding": (b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n",
+                    501, "only chunked"),
+    "HTTP/1.0 with a coding": (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
+                               b"2\r\nab\r\n0\r\n\r\n", 400, "HTTP/1.0"),
+}
+
+
+@pytest.mark.parametrize(("payload", "status", "words"), FAULTY_FRAMING.values(),
+                         ids=FAULTY_FRAMING.keys())
+def test_transfer_codings_other_than_chunked_alone_are_refused(
+        run: Runner, payload: bytes, status: int, words: str) -> None:
+    """RFC 9112 6.1: chunked must be the only (final) coding, and an HTTP/1.0 message with
+    Transfer-Encoding has faulty framing: refused, and the connection closed, so no body
+    bytes are read as another request."""
+    async def scenario() -> None:
+        async with serving(echo) as server:
+            reader, writer = await connect(server)
+            writer.write(payload)
+            assert_json_error(await read_response(reader), status, words)
+            await assert_closed(reader)
+            writer.close()
+
+    run(scenario())

@@ -117,12 +117,14 @@ class Catalog:
 @dataclass
 class Instance:
     name: str
-    restarts: int | None = None
+    kind: str = "thread"
+    restarts: int = 0
     ready: bool = True
 
 
 def test_state_lists_every_model_with_its_figures() -> None:
-    model = FakeModel("m", instances=[Instance("m_0"), Instance("m_1", restarts=2, ready=False)])
+    model = FakeModel("m", instances=[Instance("m_0"), Instance("m_1", "process", restarts=2,
+                                                                ready=False)])
     model.stats.pending, model.stats.executing = 4, 1
     model.stats.failures["CANCELED"] += 2
     state = orjson.loads(LiveState(Catalog([model]), History(1.0), None, 1.0).render())

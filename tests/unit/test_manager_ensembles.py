@@ -160,3 +160,52 @@ def test_a_step_without_model_version_asks_for_version_0(tmp_path: Path) -> None
         assert ready(manager) == {"m"}
 
     run(tmp_path, ControlMode.EXPLICIT, scenario)
+
+
+def test_ensembles_nested_past_the_bound_are_refused_alone(tmp_path: Path) -> None:
+    """A chain of ensembles 400 deep (once a RecursionError that stopped the server): each
+    with more than MAX_DEPTH levels under it is refused from the configs, before anything
+    under it loads; one within the bound loads, under the refused ones or not."""
+    from tritium.ensemble.validation import MAX_DEPTH
+
+    add_plain(tmp_path, "m")
+    previous = "m"
+    for level in range(400):
+        add_ensemble(tmp_path, f"e{level}", previous)
+        previous = f"e{level}"
+
+    async def scenario(manager: ModelManager) -> None:
+        with pytest.raises(TritiumError) as info:
+            await manager.load("e399", {})
+        assert info.value.message.endswith(f"ensemble 'e399' has ensembles nested more than "
+                                      f"{MAX_DEPTH} levels deep under it, the most allowed")
+        assert ready(manager) == set()
+        await manager.load(f"e{MAX_DEPTH}", {})  # MAX_DEPTH ensembles under it
+        assert f"e{MAX_DEPTH}" in ready(manager) and "e0" in ready(manager)
+        with pytest.raises(TritiumError):
+            await manager.load(f"e{MAX_DEPTH + 1}", {})
+
+    run(tmp_path, ControlMode.EXPLICIT, scenario)
+
+
+def test_an_ensemble_of_too_many_steps_is_refused(tmp_path: Path) -> None:
+    from tritium.ensemble.validation import MAX_STEPS
+
+    add_plain(tmp_path, "m")
+    steps = "".join(
+        f'step {{ model_name: "m" model_version: -1 input_map {{ key: "INPUT0" value: '
+        f'"{"IN" if i == 0 else f"t{i}"}" }} output_map {{ key: "OUTPUT0" value: '
+        f'"{"OUT" if i == MAX_STEPS else f"t{i + 1}"}" }} }}\n' for i in range(MAX_STEPS + 1))
+    (tmp_path / "long" / "1").mkdir(parents=True)
+    (tmp_path / "long" / "config.pbtxt").write_text(
+        'platform: "ensemble"\ninput [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]\n'
+        'output [{ name: "OUT" data_type: TYPE_FP32 dims: [1] }]\n'
+        f"ensemble_scheduling {{ {steps} }}\n")
+
+    async def scenario(manager: ModelManager) -> None:
+        with pytest.raises(TritiumError) as info:
+            await manager.load("long", {})
+        assert f"has {MAX_STEPS + 1} steps, more than the {MAX_STEPS} allowed" in \
+            info.value.message
+
+    run(tmp_path, ControlMode.EXPLICIT, scenario)

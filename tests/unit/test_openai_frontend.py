@@ -7,12 +7,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import ModelHandle
 from tritium.core.restrictions import ApiGroup
 from tritium.frontends.http.openai.chat import ChatTemplates, messages_of
+from tritium.frontends.http.openai.endpoints import read_body
 from tritium.frontends.http.openai.errors import OpenAIError, from_tritium
 from tritium.frontends.http.restricted import group_of
 
@@ -93,3 +97,30 @@ def test_block_tags_are_trimmed_as_transformers_does(tmp_path: Path) -> None:
         [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
     assert rendered == ("  <|im_start|>system\ns<|im_end|>\n\n  <|im_start|>user\nu<|im_end|>\n"
                         "\n<|im_start|>assistant\n\n")
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False)
+    | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["role", "content", "type", "text", "tool_calls", "x"]), inner,
+        max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(model=st.none() | st.text(max_size=3), messages=_JSON, stream=_JSON,
+       options=_JSON, max_tokens=_JSON)
+def test_any_chat_body_is_read_or_refused_as_a_bad_request(
+        model: Any, messages: Any, stream: Any, options: Any, max_tokens: Any) -> None:
+    """Whatever shapes a chat's fields take, reading it gives parameters and a list of
+    messages with string contents, or an OpenAI 400; never another exception."""
+    body = orjson.dumps({"model": model, "messages": messages, "stream": stream,
+                         "stream_options": options, "max_tokens": max_tokens})
+    try:
+        params, found = read_body(body, chat=True)
+    except OpenAIError as exc:
+        assert exc.status == 400
+        return
+    assert isinstance(params.model, str) and isinstance(found, list)
+    assert all(isinstance(message["content"], str) for message in found)

@@ -209,7 +209,7 @@ def test_read_and_write_at_the_region_offset(registry: SharedMemoryRegistry,
     buffer_of(block)[16:24] = bytes(range(8))
     registry.register("r", key_of(block), 12, 40)
     data = registry.slice("r", 4, 8).read()
-    assert data == bytes(range(8)) and isinstance(data, bytearray)
+    assert data == bytes(range(8)) and not data.readonly  # a copy the model may write
     registry.output_slice("r", 20, 4).write_output("OUT", b"abcd")
     assert bytes(buffer_of(block)[32:36]) == b"abcd"
     error = error_of(registry.output_slice("r", 20, 4).write_output, "OUT", b"abcde")
@@ -371,7 +371,7 @@ def test_unregister_during_a_read_closes_as_the_read_ends(
     buffer_of(block)[:4] = b"abcd"
     before = descriptors_on(block)
     registry.register("r", key_of(block), 0, SIZE)
-    results: list[bytearray] = []
+    results: list[memoryview] = []
     reader = threading.Thread(target=lambda: results.append(registry.slice("r", 0, 4).read()))
     reader.start()
     assert started.wait(30)
@@ -381,3 +381,61 @@ def test_unregister_during_a_read_closes_as_the_read_ends(
     reader.join(30)
     assert results == [bytearray(b"abcd")]
     assert descriptors_on(block) == before
+
+
+def test_bytes_read_out_are_counted_until_the_last_view_of_them_dies(
+        block: mpshm.SharedMemory) -> None:
+    """Bytes copied out of regions count while a request holds them (any view will do);
+    a read past the bound is UNAVAILABLE, and nothing of it stays counted."""
+    registry = SharedMemoryRegistry(allow_client=True, max_bytes_in_flight=40)
+    registry.register("r", key_of(block), 0, SIZE)
+    first = registry.slice("r", 0, 24).read()
+    tensor = np.frombuffer(first, np.float32)  # what a decoder makes of it
+    del first
+    assert registry.in_flight.held == 24
+    error = error_of(registry.slice("r", 0, 17).read)
+    assert error.code is ErrorCode.UNAVAILABLE and "try again later" in error.message
+    assert registry.in_flight.held == 24
+    del tensor
+    assert registry.in_flight.held == 0
+    assert len(registry.slice("r", 0, 40).read()) == 40
+
+
+def test_a_big_read_is_never_made_on_an_event_loop_thread(block: mpshm.SharedMemory) -> None:
+    import asyncio
+
+    registry = SharedMemoryRegistry(allow_client=True)
+    registry.register("r", key_of(block), 0, SIZE)
+    big = shared_memory.Slice(registry.slice("r", 0, SIZE).region, 0, SIZE)
+    object.__setattr__(big, "byte_size", shared_memory.offload.INLINE_BYTES + 1)
+
+    async def on_loop() -> None:
+        with pytest.raises(shared_memory.ReadOnLoop):
+            big.read()
+
+    asyncio.run(on_loop())
+
+
+def test_registration_takes_only_the_servers_private_objects_under_the_prefix(
+        block: mpshm.SharedMemory) -> None:
+    registry = SharedMemoryRegistry(allow_client=True, key_prefix="/tritium_ok_")
+    error = error_of(registry.register, "r", key_of(block), 0, 64)
+    assert "does not start with '/tritium_ok_'" in error.message
+    loose = SharedMemoryRegistry(allow_client=True)
+    os.fchmod(block._fd, 0o622)  # type: ignore[attr-defined]  # others may write it
+    error = error_of(loose.register, "r", key_of(block), 0, 64)
+    assert "other users may write it" in error.message
+    os.fchmod(block._fd, 0o600)  # type: ignore[attr-defined]
+    loose.register("r", key_of(block), 0, 64)
+    loose.close()
+
+
+def test_regions_take_a_share_of_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each region holds a descriptor: with ``ulimit -n 1024`` clients may register 128, so
+    regions cannot lock connections out; the bound never passes 1024."""
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+    assert SharedMemoryRegistry(allow_client=True).max_regions == 128
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1 << 20, 1 << 20))
+    assert SharedMemoryRegistry(allow_client=True).max_regions == 1024

@@ -133,6 +133,12 @@ SHM_EMPTY = ("failed to register shared memory region '{name}': unable to proces
              "spaceInvalid argument")
 SHM_TOO_MANY = ("failed to register shared memory region '{name}': {limit} regions are "
                 "registered already, the most this server holds")
+SHM_KEY_NOT_ALLOWED = ("cannot register shared memory region '{name}': key '{key}' does not "
+                       "start with '{prefix}', the prefix this server allows")
+SHM_NOT_OURS = ("cannot register shared memory region '{name}': '{key}' belongs to another "
+                "user, or other users may write it")
+SHM_BUSY = ("shared memory: {held} bytes read out of regions are held by requests in flight, "
+            "and {size} more would pass the most allowed ({limit}); try again later")
 SHM_UNKNOWN_REGION = "Unable to find shared memory region: '{name}'"
 SHM_UNKNOWN_STATUS = "Unable to find system shared memory region: '{name}'"
 SHM_BAD_OFFSET = "Invalid offset for shared memory region: '{name}'"

@@ -10,16 +10,26 @@ Unregistering closes the descriptor at once, or, while a read or write is under 
 that call ends: a descriptor number is never closed under a call (and reused for another
 file), and never left to the garbage collector. A request that still points at the region
 afterwards is refused as if it had named no such region.
+
+A region is a client's: it must belong to the server's own user with no write access for
+others, and, where the operator set one, its key must start with the allowed prefix. Bytes
+copied out of regions are counted while requests hold them, and a read bigger than a small
+request's is never done on an event loop thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import threading
+import weakref
 from dataclasses import dataclass
 
-from tritium.core import messages
+import numpy as np
+
+from tritium.core import messages, offload
+from tritium.core.descriptors import default_region_cap
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 
 try:
@@ -29,13 +39,38 @@ except ImportError:  # pragma: no cover - not a POSIX system
 
 # Keys of the regions Triton's python backend makes for itself; a client may not name them.
 RESERVED_PREFIX = "triton_python_backend_shm_region_"
-# Each region holds a descriptor: bound them, so clients cannot run the server out of files.
-MAX_REGIONS = 1024
 EXTENSION = "system_shared_memory"
 # The most one tensor reads out of a region: the bytes are copied, and a client can make a
 # sparse object of any size at no cost of its own. gRPC's largest message, so a tensor too
 # big for this could not have been sent any other way either.
 MAX_READ_BYTES = 2**31 - 1
+# Bytes read out of regions that the requests in flight may hold together: a few hundred
+# bytes of request can name gigabytes of a sparse object that costs its client nothing.
+MAX_BYTES_IN_FLIGHT = 4 * 2**30
+
+
+class ReadOnLoop(Exception):
+    """A read too big for an event loop thread was asked of one: decode off the loop."""
+
+
+class BytesInFlight:
+    """Bytes copied out of regions and still held by requests, with their bound."""
+
+    def __init__(self, limit: int = MAX_BYTES_IN_FLIGHT):
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> None:
+        with self._lock:
+            if self.held + size > self.limit:
+                raise TritiumError(ErrorCode.UNAVAILABLE, messages.SHM_BUSY.format(
+                    held=self.held, size=size, limit=self.limit))
+            self.held += size
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self.held -= size
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +86,12 @@ class RegionStatus:
 class Region:
     """One registered region: ``byte_size`` bytes from ``offset`` in the object ``key``."""
 
-    __slots__ = ("_busy", "_closing", "_fd", "_lock", "byte_size", "key", "name", "offset",
-                 "writable")
+    __slots__ = ("_busy", "_closing", "_fd", "_flight", "_lock", "byte_size", "key", "name",
+                 "offset", "writable")
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int, fd: int,
-                 writable: bool):
+                 writable: bool, flight: BytesInFlight | None = None):
+        self._flight = flight or BytesInFlight()
         self.name = name
         self.key = key
         self.offset = offset
@@ -77,22 +113,33 @@ class Region:
                 os.close(self._fd)
                 self._fd = -1
 
-    def read(self, offset: int, size: int) -> bytearray:
-        """``size`` bytes from ``offset`` within the region, copied (a writable buffer)."""
+    def read(self, offset: int, size: int) -> memoryview:
+        """``size`` bytes from ``offset`` within the region, copied (a writable buffer),
+        counted in flight until the last view of them is gone."""
         fd = self._enter()
         try:
             self._check_file(fd, offset + size)
-            data = bytearray(size)
-            done = 0
-            view = memoryview(data)
-            while done < size:
-                got = os.preadv(fd, [view[done:]], self.offset + offset + done)
-                if got <= 0:  # the file shrank between the check and the read
-                    raise self._shrunk(self.offset + offset + done, self.offset + offset + size)
-                done += got
-            return data
+            self._flight.take(size)
+            try:
+                # Not zeroed first (bytearray would be, holding the GIL): the pages are
+                # touched by preadv, which lets it go.
+                data = np.empty(size, np.uint8)
+                self._fill(fd, data.data, self.offset + offset)
+            except BaseException:
+                self._flight.release(size)
+                raise
+            weakref.finalize(data, self._flight.release, size)
+            return data.data
         finally:
             self._leave()
+
+    def _fill(self, fd: int, view: memoryview, start: int) -> None:
+        done, size = 0, len(view)
+        while done < size:
+            got = os.preadv(fd, [view[done:]], start + done)
+            if got <= 0:  # the file shrank between the check and the read
+                raise self._shrunk(start + done, start + size)
+            done += got
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         """``data`` into the region from ``offset`` (the caller checked that it fits)."""
@@ -145,10 +192,12 @@ class Slice:
     def __len__(self) -> int:
         return self.byte_size
 
-    def read(self) -> bytearray:
+    def read(self) -> memoryview:
         if self.byte_size > MAX_READ_BYTES:
             raise invalid(messages.SHM_READ_TOO_BIG.format(
                 name=self.region.name, size=self.byte_size, limit=MAX_READ_BYTES))
+        if self.byte_size > offload.INLINE_BYTES and _on_event_loop():
+            raise ReadOnLoop
         return self.region.read(self.offset, self.byte_size)
 
     def write_output(self, output: str, data: bytes | memoryview) -> None:
@@ -163,9 +212,13 @@ class SharedMemoryRegistry:
     """The regions clients registered, by name. Thread-safe: requests are decoded (and
     responses encoded) on worker threads as well as on the event loop."""
 
-    def __init__(self, allow_client: bool = False, max_regions: int = MAX_REGIONS):
+    def __init__(self, allow_client: bool = False, max_regions: int | None = None,
+                 key_prefix: str = "", max_bytes_in_flight: int = MAX_BYTES_IN_FLIGHT):
         self.allow_client = allow_client  # --allow-client-shm: off by default, as in Triton
-        self.max_regions = max_regions
+        self.max_regions = max_regions or default_region_cap()
+        # --client-shm-key-prefix: keys must start with it (leading "/" aside); "": any.
+        self.key_prefix = key_prefix.lstrip("/")
+        self.in_flight = BytesInFlight(max_bytes_in_flight)
         self._regions: dict[str, Region] = {}
         self._lock = threading.Lock()
 
@@ -179,13 +232,16 @@ class SharedMemoryRegistry:
         if not name:
             raise invalid(messages.SHM_NEEDS_NAME)
         _check_key(name, key)
+        if not key.lstrip("/").startswith(self.key_prefix):
+            raise invalid(messages.SHM_KEY_NOT_ALLOWED.format(name=name, key=key,
+                                                              prefix="/" + self.key_prefix))
         with self._lock:
             if name in self._regions:
                 raise TritiumError(ErrorCode.ALREADY_EXISTS,
                                    messages.SHM_ALREADY_REGISTERED.format(name=name))
             if len(self._regions) >= self.max_regions:
                 raise invalid(messages.SHM_TOO_MANY.format(name=name, limit=self.max_regions))
-            self._regions[name] = _open_region(name, key, offset, byte_size)
+            self._regions[name] = _open_region(name, key, offset, byte_size, self.in_flight)
 
     def unregister(self, name: str) -> None:
         """Forget ``name`` (nothing to do when it is not registered, as in Triton)."""
@@ -280,12 +336,25 @@ def _check_key(name: str, key: str) -> None:
                                                        prefix=RESERVED_PREFIX))
 
 
-def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _open_region(name: str, key: str, offset: int, byte_size: int,
+                 flight: BytesInFlight) -> Region:
     fd, writable = _open(key)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise TritiumError(ErrorCode.INTERNAL, messages.SHM_NOT_A_REGION.format(key=key))
+        # Another user's object (world-readable, say), or one anyone may rewrite under the
+        # server, is no client region of this server's.
+        if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise invalid(messages.SHM_NOT_OURS.format(name=name, key=key))
         if offset < 0 or byte_size < 0 or offset + byte_size > info.st_size:
             raise invalid(messages.SHM_OUT_OF_BOUNDS.format(name=name))
         if byte_size == 0:
@@ -293,7 +362,7 @@ def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
     except BaseException:
         os.close(fd)
         raise
-    return Region(name, key, offset, byte_size, fd, writable)
+    return Region(name, key, offset, byte_size, fd, writable, flight)
 
 
 def _open(key: str) -> tuple[int, bool]:

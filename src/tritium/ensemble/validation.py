@@ -25,6 +25,10 @@ from tritium.core.errors import ErrorCode, TritiumError
 
 ENSEMBLE_PLATFORM = "ensemble"
 WILDCARD_DIM = -1
+# tritium's bounds, where Triton has none: each step is an execution per request and is
+# checked at load on the event loop; each level of nesting is a level of loading.
+MAX_STEPS = 1024
+MAX_DEPTH = 32
 
 
 class EnsembleConfigError(TritiumError):
@@ -69,6 +73,9 @@ def _check_ensemble_fields(config: Any) -> None:
         raise EnsembleConfigError(f"model_warmup can not be specified for ensemble '{name}'")
     if not config.ensemble_scheduling.step:
         raise EnsembleConfigError(f"must specify 'step' for ensemble '{name}'")
+    if len(config.ensemble_scheduling.step) > MAX_STEPS:
+        raise EnsembleConfigError(f"ensemble '{name}' has {len(config.ensemble_scheduling.step)}"
+                                  f" steps, more than the {MAX_STEPS} allowed")
 
 
 @dataclass(eq=False)
@@ -399,6 +406,11 @@ def version_not_loaded(ensemble: str, model: str, version: int) -> EnsembleConfi
         f"ensemble '{ensemble}' depends on '{model}' whose required version {version} is not "
         "loaded."
     )
+
+
+def nested_too_deep(ensemble: str) -> EnsembleConfigError:
+    return EnsembleConfigError(f"ensemble '{ensemble}' has ensembles nested more than "
+                               f"{MAX_DEPTH} levels deep under it, the most allowed")
 
 
 def circular_dependency(start: str, current: str) -> EnsembleConfigError:

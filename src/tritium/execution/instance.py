@@ -43,6 +43,7 @@ def build(spec: InstanceSpec) -> ThreadInstance:
 class ThreadInstance:
     """``kinds.Instance`` on a thread of the server: never restarted, ready once started."""
 
+    kind = "thread"
     ready = True
     restarts = 0
     failure = None  # a thread instance that failed never started: its load failed

@@ -44,6 +44,7 @@ class Instance(Protocol):
 
     info: InstanceInfo
     name: str
+    kind: str  # its key in KINDS, for whoever shows instances
 
     @property
     def ready(self) -> bool: ...

@@ -89,15 +89,12 @@ class LiveState:
 
 
 def _instances(model: Any) -> Iterator[dict[str, Any]]:
-    for instance in getattr(model, "instances", ()):
-        restarts = getattr(instance, "restarts", None)
-        ready = getattr(instance, "ready", True)
+    for instance in getattr(model, "instances", ()):  # an ensemble has none of its own
         yield {
             "name": instance.name,
-            # Only process-kind instances are restarted, so only they count restarts.
-            "kind": "thread" if restarts is None else "process",
-            "state": "ready" if ready else "restarting",
-            "restarts": restarts or 0,
+            "kind": instance.kind,
+            "state": "ready" if instance.ready else "restarting",
+            "restarts": instance.restarts,
         }
 
 

@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 from tritium.core.errors import TritiumError
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.ensemble.validation import (
+    MAX_DEPTH,
     EnsembleConfigError,
     circular_dependency,
     dependency_failed,
     dependency_not_loaded,
     is_ensemble,
+    nested_too_deep,
     unavailable_models,
     validate_against_composing,
     version_not_loaded,
@@ -80,6 +82,8 @@ class DependencyRules:
         plan = EnsemblePlan.from_config(config)
         entry.composing = plan.composing_models
         if load_composing:
+            if not chain:  # the top of a load: judged whole before anything under it loads
+                self._check_nesting(config.name, plan)
             await self._ensure_composing(config.name, plan, (*chain, config.name))
         entry.checked_at = self._installs
         composing = self._composing_configs(config.name, plan)
@@ -91,6 +95,8 @@ class DependencyRules:
 
     async def _ensure_composing(self, name: str, plan: EnsemblePlan,
                                 chain: tuple[str, ...]) -> None:
+        if len(chain) > 2 * MAX_DEPTH:  # a backstop: _check_nesting judged the top
+            raise nested_too_deep(name)
         found, _ = find_models(self.repositories)
         missing = [m for m in plan.composing_models if m not in found and not self._serving(m)]
         if missing:
@@ -110,6 +116,30 @@ class DependencyRules:
                 await self._install(model, found[model], chain=chain)
                 if model in self.models:
                     self.models[model].explicit = explicit
+
+    def _check_nesting(self, name: str, plan: EnsemblePlan) -> None:
+        """Refuse an ensemble with ensembles nested more than MAX_DEPTH deep under it, from
+        their configs, level by level (a cycle is left to the load to report)."""
+        found, _ = find_models(self.repositories)
+        seen = {name}
+        level = {m for m in plan.composing_models if m in found}
+        for depth in range(1, MAX_DEPTH + 2):
+            below: set[str] = set()
+            for model in level - seen:
+                seen.add(model)
+                try:
+                    config = read_model_config(found[model], auto_completing=False).config
+                except TritiumError:
+                    continue  # its own load will say why
+                if not is_ensemble(config):
+                    continue
+                if depth > MAX_DEPTH:
+                    raise nested_too_deep(name)
+                below.update(step.model_name for step in config.ensemble_scheduling.step
+                             if step.model_name in found)
+            if not below - seen:
+                return
+            level = below
 
     def _wants_install(self, name: str, model_dir: Path) -> bool:
         """Poll and startup: new or changed since last tried. Explicit mode: also any

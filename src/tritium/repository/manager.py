@@ -98,6 +98,9 @@ class ModelEntry:
     # An ensemble's config as installed (before its composing models were checked), and
     # its versions: what a re-check after a composing model's reload starts from.
     ensemble_config: Any = None
+    # Its last load, asked for through the load API, was refused from its configs: shown as
+    # failed in the index, but not a failed model for strict readiness.
+    refused: bool = False
     ensemble_versions: tuple[int, ...] = ()
     # The slot of the highest READY version, as ``resolve`` last found it (None: look
     # again). Only ``_swap`` makes a version READY, and it clears this; a slot that left
@@ -299,19 +302,20 @@ class ModelManager(DependencyRules):
             self._install_failed(entry, holder, stamp, exc.message, on_failure)
             return
         entry = self.models.setdefault(name, ModelEntry(name, model_dir))
+        entry.refused = False
         try:
             config = await asyncio.to_thread(finish_model_config, model_dir, prepared,
                                              self.auto_complete)
             versions = available_versions(model_dir, config)
         except TritiumError as exc:
-            self._install_failed(entry, holder, stamp, exc.message, on_failure)
+            self._config_failed(entry, holder, stamp, exc.message, on_failure)
             return
         if is_ensemble(config):
             entry.ensemble_config, entry.ensemble_versions = config, tuple(versions)
             try:
                 config = await self._prepare_ensemble(entry, config, chain)
             except TritiumError as exc:
-                self._install_failed(entry, holder, stamp, exc.message, on_failure)
+                self._config_failed(entry, holder, stamp, exc.message, on_failure)
                 return
         started = await self._start_versions(entry, model_dir, versions, config)
         failures = {v: r for v, r in started.items() if isinstance(r, str)}
@@ -407,6 +411,18 @@ class ModelManager(DependencyRules):
         for version, reason in failures.items():
             entry.versions[version] = VersionEntry(ModelState.UNAVAILABLE, reason)
         self._retire(retired, old_holder)
+
+    def _config_failed(self, entry: ModelEntry, holder: OverrideDir | None,
+                       stamp: tuple[Any, ...], reason: str, on_failure: _OnFailure) -> None:
+        """A load refused from its configs (auto-complete, an ensemble's plan or steps).
+
+        The index shows it UNAVAILABLE with its reason, as Triton's does; asked for through
+        the load API it is only refused, as a config refused earlier is, and readiness stays
+        as it was (a composing model that failed to start records its own failure). Found
+        by a poll or at startup, it is a failed model.
+        """
+        entry.refused = on_failure is _OnFailure.RAISE
+        self._install_failed(entry, holder, stamp, reason, on_failure)
 
     def _install_failed(self, entry: ModelEntry, holder: OverrideDir | None,
                         stamp: tuple[Any, ...], reason: str, on_failure: _OnFailure) -> None:
@@ -577,6 +593,8 @@ class ModelManager(DependencyRules):
 
 
 def _failed(entry: ModelEntry) -> bool:
+    if entry.refused:
+        return False
     if not entry.versions:
         return entry.reason not in ("", UNLOADED)
     return any(slot.state is ModelState.UNAVAILABLE and slot.reason != UNLOADED

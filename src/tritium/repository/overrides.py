@@ -174,7 +174,9 @@ class OverrideDir:
         """Write ``files`` (paths from ``parse_overrides``) under a new private directory;
         on any error nothing is left behind."""
         check_model_name(name)
-        root = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))  # mode 0700, a name never reused
+        # Mode 0700, a name never reused; the pid in it lets a later server sweep it up
+        # should this one be killed before it could remove it.
+        root = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
         holder = cls(root, root / name)
         try:
             holder.model_dir.mkdir(mode=0o700)
@@ -193,6 +195,41 @@ class OverrideDir:
             pass
         except OSError as exc:
             log.error("cannot remove model override directory %s: %s", self.root, exc)
+
+
+def sweep_stale_dirs(parent: Path | None = None) -> int:
+    """Remove the override directories of servers that died without removing them (a
+    SIGKILL): this user's, named for a process that no longer exists. Returns how many."""
+    parent = Path(parent or tempfile.gettempdir())
+    removed = 0
+    try:
+        candidates = list(parent.glob(f"{DIR_PREFIX}*-*"))
+    except OSError:
+        return 0
+    for path in candidates:
+        pid = path.name[len(DIR_PREFIX):].split("-", 1)[0]
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not pid.isdigit() or _alive(int(pid)) or info.st_uid != os.geteuid() \
+                or not path.is_dir() or path.is_symlink():
+            continue
+        OverrideDir(path, path).remove()
+        removed += 1
+    if removed:
+        log.info("removed %d model override directories left by servers that died", removed)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive, and not ours to judge
+    return True
 
 
 def _write_file(model_dir: Path, relative: str, content: bytes) -> None:

@@ -101,6 +101,8 @@ class _Flight:
 
 
 class SupervisedInstance:
+    kind = "process"
+
     def __init__(self, info: InstanceInfo, make_process: ProcessFactory,
                  loop: asyncio.AbstractEventLoop, on_done: SlotDone,
                  policy: RestartPolicy | None = None,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 
 from tritium.core.cancellation import Cancellation, CancelReason
-from tritium.frontends.grpc.call_state import CallState
+from tritium.frontends.grpc.call_state import MOVES, CallEvent, CallState, next_state
 from tritium.frontends.grpc.flood import FloodLimits
 from tritium.frontends.grpc.messages import Message, MessageReader
 from tritium.frontends.grpc.status import GrpcStatus
@@ -55,10 +55,13 @@ class GrpcLimits:
     stream_window: int = 16 * 1024 * 1024
     connection_window: int = 16 * 1024 * 1024
     max_frame_bytes: int = 1 << 20
-    # Request bytes held or granted credit for: per connection, and for the whole server
-    # (``ByteBudget``); a message larger than either is refused.
-    max_connection_buffered_bytes: int = 2**31 - 1
-    max_buffered_bytes: int = 2**31 - 1
+    # Request bytes held or granted credit for (inflated ones too): per connection, per peer
+    # address and for the whole server (``ByteBudget``); a message larger than any of them is
+    # refused. A peer's share holds one message of Triton's largest; the server's, three
+    # peers' (6 GiB: a quarter of a 24 GiB machine).
+    max_connection_buffered_bytes: int = 2**31
+    max_peer_buffered_bytes: int = 2**31
+    max_buffered_bytes: int = 3 * 2**31
     # Requests one ModelStreamInfer call may have in flight; more wait unread.
     max_stream_requests: int = 256
     # A connection that has not sent its preface, or has had no call, for this long is closed
@@ -161,6 +164,15 @@ class Call:
                 await self.waiter
 
     # -- for the connection --------------------------------------------------------------
+    def move(self, event: CallEvent) -> CallState:
+        """Make ``event``'s move in the table (IllegalMove if it lists none); the new
+        state. The connection applies the move's side effects."""
+        state = MOVES.get((self.state, event))
+        if state is None:
+            state = next_state(self.state, event)  # raises IllegalMove
+        self.state = state
+        return state
+
     def wake(self) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():

@@ -25,6 +25,9 @@ class CallEvent(enum.IntEnum):
     FLUSHED = 2  # everything queued for the call is written
     RESET = 3  # the stream was reset
     LOST = 4  # the connection is gone
+    # The usual unary reply, in one step: the whole reply and its end went out at once,
+    # nothing waiting for window (END, then FLUSHED).
+    REPLIED = 5
 
 
 MOVES: dict[tuple[CallState, CallEvent], CallState] = {
@@ -40,11 +43,9 @@ for _state in (CallState.OPEN, CallState.HALF_CLOSED, CallState.ENDING,
     MOVES[_state, CallEvent.RESET] = CallState.CLOSED
     MOVES[_state, CallEvent.LOST] = CallState.CLOSED
 
-# Where the usual unary call's moves lead, read off the table once for the hot paths that
-# make them without a lookup: its client half-closing it while open, and its reply going out
-# whole (END, then FLUSHED) once it is half-closed.
-HALF_CLOSED_BY_CLIENT = MOVES[CallState.OPEN, CallEvent.END_STREAM]
-ANSWERED = MOVES[MOVES[CallState.HALF_CLOSED, CallEvent.END], CallEvent.FLUSHED]
+# REPLIED is END then FLUSHED, read off the table: the two moves it stands for.
+MOVES[CallState.HALF_CLOSED, CallEvent.REPLIED] = MOVES[
+    MOVES[CallState.HALF_CLOSED, CallEvent.END], CallEvent.FLUSHED]
 
 # States in which the reply is decided: a handler's late answer is dropped.
 DECIDED = frozenset({CallState.ENDING, CallState.ENDING_HALF_CLOSED, CallState.CLOSED})

@@ -133,7 +133,7 @@ _CLAIMED_ITEMSIZE = {datatype: datatype.itemsize or 4 for datatype in DataType}
 
 # An input checked whose data may still fail to decode (BYTES, typed contents): name,
 # datatype, shape, element count, and its raw bytes or (raw None) its typed values.
-_Pending = tuple[str, DataType, tuple[int, ...], int, "bytes | bytearray | None",
+_Pending = tuple[str, DataType, tuple[int, ...], int, "bytes | bytearray | memoryview | None",
                  "Sequence[Any] | None"]
 
 
@@ -152,7 +152,7 @@ def _decode_inputs(
     pending: list[_Pending] = []
     next_raw = 0
     claimed = 0
-    data: bytes | bytearray
+    data: bytes | bytearray | memoryview
     for item in items:
         name = item.name
         if name in inputs:
@@ -169,7 +169,8 @@ def _decode_inputs(
         count = element_count(name, shape, request_id)
         if model is not None:
             check_input(model, name, datatype, shape, request_id)
-        claimed += count * _CLAIMED_ITEMSIZE[datatype]
+        # A region's bytes are read whole whatever the shape says (BYTES): they count too.
+        claimed += max(count * _CLAIMED_ITEMSIZE[datatype], len(region) if region else 0)
         if claimed > limit:
             raise _Deferred
         if region is not None:
@@ -237,7 +238,7 @@ def tensor_from_raw(name: str, datatype: DataType, shape: tuple[int, ...], raw: 
 
 
 def _tensor_from_checked_raw(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
-                             raw: bytes | bytearray) -> Tensor:
+                             raw: bytes | bytearray | memoryview) -> Tensor:
     data = array_from_binary(raw, datatype, count, f"for input '{name}'")
     return Tensor(name, datatype, shape, data.reshape(shape))
 

@@ -1,18 +1,18 @@
 """One gRPC-over-HTTP/2 connection, sans-IO: bytes in through ``receive``, frames out to one
 buffer flushed once per read (or at once when a handler writes between reads).
 
-Every call ends in ``_move``, the one place that applies a state change's side effects:
-trailers, RST_STREAM, timers, the call's cancellation, the byte budget, bookkeeping. A call
-that ends early cancels its ``Cancellation`` with the reason; nothing cancels a task for it.
-The usual unary call alone skips it: ``unary_request`` and ``answer`` make its moves in one
-step each (destinations read off the same table), with the side effects ``_move`` would
-apply for them, and no others are possible there (unit tests compare both ways).
+A call's state changes only by the events of the table in ``call_state``. ``_move`` makes a
+move (``Call.move``) and applies its side effects: trailers, RST_STREAM, timers, the call's
+cancellation, the byte budget, bookkeeping. A call that ends early cancels its
+``Cancellation`` with the reason; nothing cancels a task for it. The usual unary call has
+two events of its own, each one step with the only side effects it can have, looked up in
+the same table without a call: END_STREAM with its whole request (``unary_request``), and
+REPLIED, its whole reply and end at once (``answer``). Unit tests compare both ways.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Callable
 from typing import Any
@@ -22,31 +22,28 @@ from tritium.core.inflight import InFlight
 from tritium.frontends.grpc import serving
 from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits, Router
 from tritium.frontends.grpc.call_state import (
-    ANSWERED,
     CLIENT_DONE,
     DECIDED,
-    HALF_CLOSED_BY_CLIENT,
     MOVES,
     CallEvent,
     CallState,
     IllegalMove,
-    next_state,
 )
 from tritium.frontends.grpc.control import Control
 from tritium.frontends.grpc.flood import FloodGuard
-from tritium.frontends.grpc.frames import FrameReader, NotHttp2, http1_refusal
-from tritium.frontends.grpc.headers import HeaderDecoder
+from tritium.frontends.grpc.frames import FrameReader, NotHttp2
+from tritium.frontends.grpc.headers import HeaderDecoder, MalformedHeaders
 from tritium.frontends.grpc.http2 import (
     END_STREAM,
     Chunk,
     FrameType,
     H2Error,
     ProtocolViolation,
-    goaway,
     header_block,
     rst_stream,
 )
 from tritium.frontends.grpc.inbound import Inbound
+from tritium.frontends.grpc.lifecycle import ConnectionLife
 from tritium.frontends.grpc.messages import MessageTooLarge
 from tritium.frontends.grpc.sending import Outbox, Output
 from tritium.frontends.grpc.status import GrpcStatus
@@ -59,14 +56,16 @@ from tritium.frontends.grpc.wire import (
     trailers_block,
 )
 
-log = logging.getLogger("tritium.grpc")
-
 # A client's own deadline resets the stream a little before this side's copy of it runs out
 # (that one started counting only when the headers arrived).
 DEADLINE_SLACK_S = 0.1
 
 
-class GrpcConnection:
+# The usual unary call's events, as plain names for its hot paths.
+_REPLIED, _END_STREAM = CallEvent.REPLIED, CallEvent.END_STREAM
+
+
+class GrpcConnection(ConnectionLife):
     """Frames are handled as they arrive; a unary call is dispatched when its request is
     whole, a streaming call as soon as its headers are in."""
 
@@ -138,16 +137,6 @@ class GrpcConnection:
         self._reader.clear()
         self.wake_writers()
 
-    def set_write_paused(self, paused: bool) -> None:
-        """The socket's buffer passed its high-water mark (or drained): read nothing more
-        from a peer that is not reading what it asked for."""
-        self.write_paused = paused
-        if paused:
-            self._output.pause_reading()
-        else:
-            self._output.resume_reading()
-            self.wake_writers()
-
     @property
     def going_away(self) -> bool:
         """A graceful GOAWAY was sent: the calls in flight finish, then the connection closes."""
@@ -187,7 +176,7 @@ class GrpcConnection:
             self.finish(call, GrpcStatus.OK)
             return
         self.flood.data_sent()
-        call.state = ANSWERED  # END, then FLUSHED: nothing waits for window
+        call.state = MOVES[call.state, _REPLIED]  # END, then FLUSHED: nothing waits
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
@@ -223,10 +212,7 @@ class GrpcConnection:
     def _move(self, call: Call, event: CallEvent, *, reason: CancelReason | None = None,
               trailers: bytes = b"") -> None:
         before = call.state
-        state = MOVES.get((before, event))  # next_state, without a call on the hot path
-        if state is None:
-            state = next_state(before, event)  # raises IllegalMove
-        call.state = state
+        state = call.move(event)  # raises IllegalMove
         if reason is not None:
             call.cancellation.cancel(reason)
         if call.timer is not None and state >= CallState.ENDING:
@@ -283,16 +269,19 @@ class GrpcConnection:
         """A unary call's one message (uncompressed) came whole in the DATA frame that ended
         its stream: ``remote_closed`` and ``dispatch_unary`` in one step (the move cannot be
         illegal, the call was OPEN)."""
-        call.state = HALF_CLOSED_BY_CLIENT
+        call.state = MOVES[call.state, _END_STREAM]
         call.task = self._loop.create_task(serving.serve_unary(self, call, body, False))
 
     # -- inbound frames ------------------------------------------------------------------
     def _on_headers(self, flags: int, stream_id: int, block: memoryview) -> None:
-        headers = self._headers.decode(bytes(block))
+        try:
+            headers: dict[str, str] | None = self._headers.decode(bytes(block))
+        except MalformedHeaders:
+            headers = None  # a stream error, once the stream is known
         call = self.calls.get(stream_id)
         ended = bool(flags & END_STREAM)
         if call is not None:  # trailers from the client: only their END_STREAM matters
-            if ended:
+            if ended and headers is not None:
                 self.remote_closed(call)
             else:
                 self.stream_error(call, H2Error.PROTOCOL_ERROR)
@@ -304,8 +293,10 @@ class GrpcConnection:
                 return  # late trailers of a call this side already finished
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "stream id went backwards")
         self._last_stream = stream_id
-        if self._going_away or self.refusing_calls or len(self.calls) >= self._max_streams:
-            self.outbox.out.append(rst_stream(stream_id, H2Error.REFUSED_STREAM))
+        if (headers is None or self._going_away or self.refusing_calls
+                or len(self.calls) >= self._max_streams):
+            code = H2Error.PROTOCOL_ERROR if headers is None else H2Error.REFUSED_STREAM
+            self.outbox.out.append(rst_stream(stream_id, code))
             self.count_reset()
             return
         self._start_call(stream_id, headers, ended)
@@ -375,87 +366,6 @@ class GrpcConnection:
 
     def message_too_large(self, call: Call, exc: MessageTooLarge) -> None:
         self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED, str(exc), CALL_BROKEN)
-
-    # -- writers waiting for room ----------------------------------------------------------
-    async def wait_writable(self) -> None:
-        if self._writable is None or self._writable.done():
-            self._writable = self._loop.create_future()
-        await self._writable
-
-    def wake_writers(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    # -- the connection as a whole -------------------------------------------------------
-    def check_timeouts(self, now: float) -> None:
-        """Called about once a second: close what a peer left hanging."""
-        limits = self.limits
-        if not self._reader.preface_seen:
-            if now - self.opened_at > limits.preface_timeout_s:
-                self._output.close()
-            return
-        if self._max_age is not None and now - self.opened_at > self._max_age:
-            self._leave_for_age(now)
-        if not self.calls and now - self.idle_since > limits.idle_timeout_s:
-            log.debug("closing a gRPC connection idle for %.0f s", now - self.idle_since)
-            self.go_away()
-            return
-        for call in list(self.calls.values()):
-            # Bytes held for the client to finish: a message half in, or a unary request
-            # never half-closed (a stream's whole messages wait for its handler instead).
-            waiting = call.reader.partial or (call.rpc.unary is not None and call.messages)
-            if waiting and call.state is CallState.OPEN and \
-                    now - call.last_progress > limits.message_progress_timeout_s:
-                starved = self.inbound.starved  # then the budget, not the client, is why
-                self.finish(call, GrpcStatus.RESOURCE_EXHAUSTED if starved else
-                            GrpcStatus.CANCELLED, "the server's request buffer is full"
-                            if starved else "request message stopped arriving", CALL_BROKEN)
-
-    def _leave_for_age(self, now: float) -> None:
-        """GOAWAY once; the grace counts from it, as in grpc-core."""
-        if self._aged_at is None:
-            self._aged_at = now
-            self.go_away()
-        grace = self.limits.max_connection_age_grace_s
-        if grace is not None and now - self._aged_at > grace and self.calls \
-                and not self.closed:
-            self.shut_down(GrpcStatus.UNAVAILABLE, "the connection reached its maximum age")
-
-    def go_away(self) -> None:
-        """Refuse new streams; close once the calls in flight have finished."""
-        if self.closed or self._going_away:
-            return
-        if not self._reader.preface_seen:  # not an HTTP/2 connection yet: nothing to say
-            self._output.close()
-            return
-        self._going_away = True
-        self.outbox.out.append(goaway(self._last_stream, H2Error.NO_ERROR))
-        self._close_after_flush = not self.calls
-        self.flush_soon()
-
-    def shut_down(self, status: GrpcStatus, message: str) -> None:
-        """End every call still running with ``status`` and close."""
-        for call in list(self.calls.values()):
-            self.finish(call, status, message, CancelReason.SHUTDOWN)
-        self.flush()
-        self._output.close()
-
-    def _fail(self, code: H2Error, message: str) -> None:
-        log.info("closing a gRPC connection: %s", message)
-        self.outbox.out.append(goaway(self._last_stream, code, message))
-        self.flush()
-        self._close()
-
-    def _reject_non_http2(self, start: bytes) -> None:
-        answer = http1_refusal(start)
-        if answer:
-            self._output.write([answer])
-        self._close()
-
-    def _close(self) -> None:
-        self.closed = True
-        self._reader.stop()  # the frames after this one in the read are not handled
-        self._output.close()
 
 
 def _jittered(age_s: float | None) -> float | None:

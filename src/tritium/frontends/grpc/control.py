@@ -18,6 +18,7 @@ from tritium.frontends.grpc.http2 import (
     Setting,
     frame,
     parse_settings,
+    rst_stream,
     settings_payload,
 )
 from tritium.frontends.grpc.windows import SendWindow, WindowError
@@ -143,6 +144,16 @@ class Control:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "PRIORITY on stream 0")
         if len(payload) != 5:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "PRIORITY is not 5 bytes")
+        if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF != stream_id:
+            return  # advice this server does not take
+        # RFC 9113 5.3.1: a stream that depends on itself is a stream error.
+        conn = self._conn
+        call = conn.calls.get(stream_id)
+        if call is not None:
+            conn.stream_error(call, H2Error.PROTOCOL_ERROR)
+        else:
+            conn.outbox.out.append(rst_stream(stream_id, H2Error.PROTOCOL_ERROR))
+            conn.count_reset()
 
     def on_goaway(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if stream_id:

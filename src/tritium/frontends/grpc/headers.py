@@ -7,6 +7,14 @@ import hpack
 from tritium.frontends.grpc.http2 import H2Error, ProtocolViolation, references_only
 
 _CACHE_SIZE = 64
+# RFC 9113 8.2.2: connection-specific fields make a request malformed (te only as trailers).
+_CONNECTION_FIELDS = frozenset({"connection", "keep-alive", "proxy-connection",
+                                "transfer-encoding", "upgrade"})
+
+
+class MalformedHeaders(Exception):
+    """A header block that decoded (the table is in step) but makes a malformed request:
+    a stream error, not a connection error (RFC 9113 8.1.1)."""
 
 
 class HeaderDecoder:
@@ -28,8 +36,15 @@ class HeaderDecoder:
         except hpack.HPACKError as exc:
             raise ProtocolViolation(H2Error.COMPRESSION_ERROR, f"bad header block: {exc}") from None
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields}
+        # RFC 9113 8.2.1/8.2.2: names in lower case, no connection-specific fields.
+        names = "".join(headers)
+        if not (names.islower() or names == names.lower()) \
+                or not _CONNECTION_FIELDS.isdisjoint(headers) \
+                or headers.get("te", "trailers") != "trailers":
+            raise MalformedHeaders
         if not references_only(block):
             cache.clear()
         elif len(cache) < _CACHE_SIZE:
             cache[block] = headers
         return headers
+

@@ -51,7 +51,8 @@ class Inbound:
         self.reserved = DEFAULT_WINDOW  # in the budget: credit outstanding + bytes held
         budget.take(DEFAULT_WINDOW)  # granted by the protocol before we say anything
         # No message can be larger than what the server may hold of it.
-        self.message_limit = min(limits.max_message_bytes, self._limit, budget.limit)
+        self.message_limit = min(limits.max_message_bytes, self._limit, budget.ceiling)
+        self.inflated = 0  # bytes of inflated messages held, counted in ``budget`` too
 
     def open(self) -> None:
         self._grant()
@@ -59,8 +60,8 @@ class Inbound:
     def close(self) -> None:
         """The connection is gone: everything it reserved goes back to the budget."""
         self._budget.forget(self)
-        self._budget.release(self.reserved)
-        self.reserved = self.held = 0
+        self._budget.release(self.reserved + self.inflated)
+        self.reserved = self.held = self.inflated = 0
 
     @property
     def starved(self) -> bool:
@@ -213,6 +214,22 @@ class Inbound:
         self.reserved += room
         self.window.available += room
         self._conn.outbox.out.append(window_update(0, room))
+
+    def hold_inflated(self, count: int) -> bool:
+        """Count ``count`` more bytes of a message being inflated as held, if this connection,
+        its peer and the server all have room for them."""
+        if self._conn.closed or self.reserved + self.inflated + count > self._limit \
+                or not self._budget.reserve(count):
+            return False
+        self.inflated += count
+        return True
+
+    def release_inflated(self, count: int) -> None:
+        """An inflated message is parsed (or dropped): its bytes are no longer held."""
+        count = min(count, self.inflated)  # none, once the connection has closed
+        if count:
+            self.inflated -= count
+            self._budget.release(count)
 
     def _retry(self) -> None:
         self._grant()

@@ -1,8 +1,9 @@
 """A stream's DATA bytes to gRPC messages, and compressed messages inflated off the loop.
 
 Pure splitting (``MessageReader``) and an ``inflate`` that runs zlib on a worker thread (zlib
-lets go of the GIL while it works) in bounded steps, capped by the inflated size, so a
-compression bomb costs neither the loop's time nor the server's memory.
+lets go of the GIL while it works) in bounded steps, capped by the inflated size and counted
+step by step in the byte budget, so a compression bomb costs neither the loop's time nor more
+of the server's memory than its sender may hold.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
+
+import numpy as np
 
 _PREFIX = 5
 _INFLATE_STEP = 4 * 1024 * 1024  # bytes produced per step on the worker
@@ -21,6 +25,10 @@ _inflater_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritium-i
 class MessageTooLarge(Exception):
     def __init__(self, size: int, limit: int):
         super().__init__(f"received message larger than max ({size} vs. {limit})")
+
+
+class BufferExhausted(ValueError):
+    """An inflated message outgrew what its connection, peer or the server may hold."""
 
 
 class Message(SimpleNamespace):
@@ -82,9 +90,12 @@ class MessageReader:
             raise MessageTooLarge(size, self.limit)
 
 
-async def inflate(data: bytes | memoryview, encoding: str, limit: int) -> bytes:
+async def inflate(data: bytes | memoryview, encoding: str, limit: int,
+                  hold: Callable[[int], bool] | None = None) -> memoryview:
     """A compressed message's bytes; ValueError for an unknown encoding, corrupt data or a
-    result over ``limit`` bytes. Runs on a worker thread, step by step."""
+    result over ``limit`` bytes. Runs on a worker thread, step by step; ``hold(n)`` counts
+    each step's bytes in the byte budget, and a False from it ends the inflation with
+    ``BufferExhausted`` (whoever passes ``hold`` releases what it counted)."""
     if encoding == "gzip":
         inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     elif encoding == "deflate":
@@ -97,18 +108,24 @@ async def inflate(data: bytes | memoryview, encoding: str, limit: int) -> bytes:
     pending: bytes | memoryview = data
     while True:
         step = min(_INFLATE_STEP, limit + 1 - produced)
-        piece = await loop.run_in_executor(_inflater_pool, _inflate_step, inflater, pending, step,
-                                           encoding)
+        piece = await loop.run_in_executor(_inflater_pool, _inflate_step, inflater, pending,
+                                           step, encoding)
         pieces.append(piece)
         produced += len(piece)
         if produced > limit:
             raise ValueError(f"decompressed message is larger than {limit} bytes")
+        if hold is not None and piece and not hold(len(piece)):
+            raise BufferExhausted(
+                f"decompressed message does not fit in the server's request buffers "
+                f"(more than {produced - len(piece)} bytes held for this client)")
         pending = inflater.unconsumed_tail
         if inflater.eof or (not pending and not piece):
             break
     if not inflater.eof or inflater.unused_data:
         raise ValueError(f"corrupt {encoding} message: truncated or followed by extra bytes")
-    return b"".join(pieces)
+    if len(pieces) == 1:
+        return memoryview(pieces[0])
+    return await loop.run_in_executor(_inflater_pool, _joined, pieces, produced)
 
 
 def _inflate_step(inflater: zlib._Decompress, data: bytes | memoryview, step: int,
@@ -117,3 +134,17 @@ def _inflate_step(inflater: zlib._Decompress, data: bytes | memoryview, step: in
         return inflater.decompress(data, step)
     except (zlib.error, gzip.BadGzipFile) as exc:
         raise ValueError(f"corrupt {encoding} message: {exc}") from None
+
+
+def _joined(pieces: list[bytes], size: int) -> memoryview:
+    """``pieces`` as one buffer, each dropped once copied (never twice the message held).
+    numpy copies with the GIL released, so the loop runs meanwhile: ``b"".join`` would
+    hold it for the whole copy and its page faults."""
+    whole = np.empty(size, np.uint8)
+    pieces.reverse()
+    at = 0
+    while pieces:
+        piece = np.frombuffer(pieces.pop(), np.uint8)
+        whole[at:at + piece.size] = piece
+        at += piece.size
+    return whole.data

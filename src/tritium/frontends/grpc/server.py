@@ -18,7 +18,8 @@ from tritium.frontends.grpc.call import Call, GrpcLimits, Router
 from tritium.frontends.grpc.connection import GrpcConnection
 from tritium.frontends.grpc.http2 import Chunk
 from tritium.frontends.grpc.status import GrpcStatus
-from tritium.frontends.grpc.windows import ByteBudget
+from tritium.frontends.grpc.windows import ByteBudget, PeerBudgets
+from tritium.tls import Handshakes, handshake_cap
 
 log = logging.getLogger("tritium.grpc")
 
@@ -30,13 +31,15 @@ _LINGER_S = 2.0
 
 
 class GrpcEndpoint:
-    """What the listener's connections share: routes, limits, the byte budget, the calls in
-    flight (for the drain at shutdown) and the open connections."""
+    """What the listener's connections share: routes, limits, the byte budget and each
+    peer's share of it, the calls in flight (for the drain at shutdown) and the open
+    connections."""
 
     def __init__(self, routes: Router, limits: GrpcLimits):
         self.routes = routes
         self.limits = limits
         self.budget = ByteBudget(limits.max_buffered_bytes)
+        self.peers = PeerBudgets(self.budget, limits.max_peer_buffered_bytes)
         self.calls: InFlight[Call] = InFlight()
         self.connections: set[GrpcProtocol] = set()
         self.refusing_calls = False  # see GrpcConnection.refusing_calls
@@ -50,6 +53,7 @@ class GrpcProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport
         self.conn: GrpcConnection | None = None
         self._linger: asyncio.TimerHandle | None = None
+        self._peer = ""  # the address whose share of the byte budget this connection uses
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -60,8 +64,10 @@ class GrpcProtocol(asyncio.Protocol):
             transport.close()
             return
         self.transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        self._peer = _address(transport)
         self.conn = GrpcConnection(endpoint.routes, endpoint.limits, self,
-                                   budget=endpoint.budget, calls=endpoint.calls)
+                                   budget=endpoint.peers.join(self._peer),
+                                   calls=endpoint.calls)
         self.conn.refusing_calls = endpoint.refusing_calls
         endpoint.connections.add(self)
 
@@ -75,6 +81,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._endpoint.connections.discard(self)
         if self.conn is not None:
             self.conn.lost()
+            self._endpoint.peers.leave(self._peer)
 
     def pause_writing(self) -> None:
         if self.conn is not None:
@@ -119,12 +126,20 @@ class GrpcProtocol(asyncio.Protocol):
             self.transport.resume_reading()
 
 
+def _address(transport: asyncio.BaseTransport) -> str:
+    """The peer's address without its port (its host, not its connection)."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+
+
 class GrpcServer:
     """A started gRPC endpoint; ``port`` is the bound port (useful when asked for 0)."""
 
-    def __init__(self, server: asyncio.Server, endpoint: GrpcEndpoint):
+    def __init__(self, server: asyncio.Server, endpoint: GrpcEndpoint,
+                 handshakes: Handshakes | None = None):
         self._server = server
         self._endpoint = endpoint
+        self._handshakes = handshakes
         self.port: int = server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
@@ -149,6 +164,8 @@ class GrpcServer:
         """Refuse new calls, give running ones ``grace`` seconds, then end the rest
         UNAVAILABLE (their requests are cancelled as SHUTDOWN)."""
         self._server.close()
+        if self._handshakes is not None:
+            self._handshakes.close()
         self._sweeper.cancel()
         endpoint = self._endpoint
         self.ask_clients_to_leave()
@@ -176,12 +193,21 @@ async def start_grpc_server(routes: Router, address: str, port: int, *,
     ``ssl_context`` is given)."""
     endpoint = GrpcEndpoint(routes, limits or GrpcLimits())
     loop = asyncio.get_running_loop()
-    # A TLS handshake is part of the preface: it gets the same time, not asyncio's 60 s.
-    handshake = endpoint.limits.preface_timeout_s if ssl_context is not None else None
+
+    def connection() -> asyncio.Protocol:
+        return GrpcProtocol(endpoint)
+
+    handshakes = None
+    factory = connection
+    if ssl_context is not None:
+        # A TLS handshake is part of the preface: it gets the same time, not asyncio's 60 s.
+        handshakes = Handshakes(ssl_context, connection,
+                                handshake_cap(endpoint.limits.max_connections),
+                                endpoint.limits.preface_timeout_s, "gRPC")
+        factory = handshakes.protocol
     try:
-        server = await loop.create_server(
-            lambda: GrpcProtocol(endpoint), address, port, backlog=1024,
-            reuse_address=True, ssl=ssl_context, ssl_handshake_timeout=handshake)
+        server = await loop.create_server(factory, address, port, backlog=1024,
+                                          reuse_address=True)
     except OSError as exc:
         raise OSError(f"gRPC endpoint cannot bind {address}:{port}: {exc.strerror}") from None
-    return GrpcServer(server, endpoint)
+    return GrpcServer(server, endpoint, handshakes)

@@ -13,7 +13,7 @@ from tritium.core.errors import TritiumError
 from tritium.frontends.grpc import parse
 from tritium.frontends.grpc.call import CALL_BROKEN, BadMessage, Call
 from tritium.frontends.grpc.call_state import DECIDED
-from tritium.frontends.grpc.messages import inflate
+from tritium.frontends.grpc.messages import BufferExhausted, inflate
 from tritium.frontends.grpc.parse import DEFAULT_BUDGET
 from tritium.frontends.grpc.status import GrpcStatus, grpc_status
 
@@ -39,16 +39,31 @@ def dispatch_unary(conn: GrpcConnection, call: Call) -> None:
 
 async def read_message(conn: GrpcConnection, call: Call, body: bytes | memoryview,
                        compressed: bool) -> Any:
-    if compressed:
-        if call.encoding == "identity":
-            raise BadMessage("compressed message without a grpc-encoding",
-                             GrpcStatus.INTERNAL)
-        try:
-            body = await inflate(body, call.encoding, conn.inbound.message_limit)
-        except ValueError as exc:
-            raise BadMessage(str(exc), GrpcStatus.INTERNAL) from None
-    # A big message is parsed in slices, so the loop serves others meanwhile.
-    return await parse.parse_message(call.rpc.request_type, body)
+    if not compressed:
+        # A big message is parsed in slices, so the loop serves others meanwhile.
+        return await parse.parse_message(call.rpc.request_type, body)
+    if call.encoding == "identity":
+        raise BadMessage("compressed message without a grpc-encoding", GrpcStatus.INTERNAL)
+    inbound = conn.inbound
+    held = 0
+
+    def hold(count: int) -> bool:
+        nonlocal held
+        if not inbound.hold_inflated(count):
+            return False
+        held += count
+        return True
+
+    try:
+        inflated = await inflate(body, call.encoding, inbound.message_limit, hold)
+        return await parse.parse_message(call.rpc.request_type, inflated)
+    except BufferExhausted as exc:
+        raise BadMessage(str(exc), GrpcStatus.RESOURCE_EXHAUSTED) from None
+    except ValueError as exc:
+        raise BadMessage(str(exc), GrpcStatus.INTERNAL) from None
+    finally:
+        # The inflated bytes are held from the first step until the message is parsed.
+        inbound.release_inflated(held)
 
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from tritium.frontends.http.inputs import (
     decode_input,
     field_error,
     plan_inputs,
+    refuse_overflowing_data,
     tensor_from_binary,
 )
 from tritium.frontends.http.tensor_data import (
@@ -86,7 +87,8 @@ def decode_infer_request(
     """
     view = memoryview(body)
     json_end = _json_header_end(len(view), header_length, max_input_size)
-    doc = parse_json_object(view[:json_end] if json_end != len(view) else view)
+    doc = parse_json_object(view[:json_end] if json_end != len(view) else view,
+                            refuse_overflowing_data)
     request = InferenceRequest(model_name=model_name, inputs={}, model_version=model_version)
     # Optional fields absent from most requests are not handed to their decoders at all.
     if "id" in doc:
@@ -139,11 +141,14 @@ def decode_raw_binary_request(
     return request
 
 
-def parse_json_object(data: Body) -> dict[str, Any]:
+def parse_json_object(data: Body, progress: Callable[[Any], None] | None = None
+                      ) -> dict[str, Any]:
     """Parse a JSON document that must be an object; INVALID_ARG otherwise. A big one is
-    parsed in pieces, so that on a worker thread it lets the event loop run in between."""
+    parsed in pieces, so that on a worker thread it lets the event loop run in between
+    (``progress``: see ``json_pieces.loads``)."""
     try:
-        doc = json_pieces.loads(data) if len(data) > json_pieces.PIECE else orjson.loads(data)
+        doc = (json_pieces.loads(data, progress=progress) if len(data) > json_pieces.PIECE
+               else orjson.loads(data))
     except (orjson.JSONDecodeError, json_pieces.JsonError) as exc:
         raise invalid(f"failed to parse the request JSON buffer: {exc}") from None
     if type(doc) is not dict:

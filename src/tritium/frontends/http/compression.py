@@ -35,6 +35,9 @@ def decompress_body(body: bytes, content_encoding: str | None, limit: int) -> by
         )
     if not inflater.eof:
         raise invalid(f"failed to decompress the {encoding} request body: truncated data")
+    if inflater.unused_data:
+        raise invalid(f"failed to decompress the {encoding} request body: bytes follow the "
+                      "compressed data")
     return out
 
 

@@ -16,8 +16,9 @@ from tritium.core.errors import TritiumError, invalid
 from tritium.core.header_forward import HeaderForward
 from tritium.core.model import ModelHandle, ModelMetadata
 from tritium.core.request import InferenceRequest
+from tritium.core.response import InferenceResponse
 from tritium.core.service import InferenceService
-from tritium.core.shared_memory import SharedMemoryRegistry
+from tritium.core.shared_memory import ReadOnLoop, SharedMemoryRegistry
 from tritium.frontends.http import codec, compression, generate
 from tritium.frontends.http import shared_memory as shm
 from tritium.frontends.http.exchange import BodyPart, HttpExchange
@@ -170,15 +171,19 @@ class HttpApi:
         size = len(body)
         header_text = headers.get("inference-header-content-length")
         header_length = None if header_text is None else _header_length(header_text, size)
-        if size > offload.INLINE_BYTES:
+        try:
+            if size > offload.INLINE_BYTES:
+                raise ReadOnLoop
+            if header_length != 0:  # the usual request, decoded here and now
+                request = codec.decode_infer_request(
+                    body, header_length, model.name, version,
+                    max_input_size=self.max_input_size, model=model,
+                    shared_memory=self.shared_memory)
+            else:
+                request = self._decode_infer(body, header_length, model, version)
+        except ReadOnLoop:  # a big body, or a big input in a shared-memory region
             request = await offload.run(self._decode_infer, body, header_length, model, version)
             resolved = None
-        elif header_length != 0:  # the usual request, decoded here and now
-            request = codec.decode_infer_request(
-                body, header_length, model.name, version, max_input_size=self.max_input_size,
-                model=model, shared_memory=self.shared_memory)
-        else:
-            request = self._decode_infer(body, header_length, model, version)
         request.trace = trace
         if self.header_forward is not None:
             self.header_forward.apply(request, headers)
@@ -192,17 +197,13 @@ class HttpApi:
         if trace is not None:
             tracing.sending(trace, tracing.HTTP_EVENTS)
         accept = headers.get("accept-encoding")
-        if not offload.heavy_response(response):
-            out_headers, parts = codec.encode_infer_response(response, request)
-            if accept is not None:
-                out_headers, parts = _compressed(out_headers, parts, accept)
-            exchange.respond(200, out_headers, parts)
+        if offload.heavy_response(response):
+            await _send_heavy(exchange, response, request, accept)
             return
-        out_headers, stream = await offload.run(codec.stream_infer_response, response, request)
-        if isinstance(stream, list):
-            exchange.respond(200, *await offload.run(_compressed, out_headers, stream, accept))
-        else:
-            await _send_pieces(exchange, out_headers, stream)
+        out_headers, parts = codec.encode_infer_response(response, request)
+        if accept is not None:
+            out_headers, parts = _compressed(out_headers, parts, accept)
+        exchange.respond(200, out_headers, parts)
 
     async def _traced(self, endpoint: Callable[..., Awaitable[None]], exchange: HttpExchange,
                       match: Match) -> None:
@@ -454,3 +455,13 @@ ROUTES: tuple[tuple[str, str, Endpoint], ...] = (
     ("POST", "/v1/completions", openai.completions),
     ("POST", "/v1/chat/completions", openai.chat_completions),
 )
+
+
+async def _send_heavy(exchange: HttpExchange, response: InferenceResponse,
+                      request: InferenceRequest, accept: str | None) -> None:
+    """A big /infer response, encoded on a codec thread and sent whole or in pieces."""
+    out_headers, stream = await offload.run(codec.stream_infer_response, response, request)
+    if isinstance(stream, list):
+        exchange.respond(200, *await offload.run(_compressed, out_headers, stream, accept))
+    else:
+        await _send_pieces(exchange, out_headers, stream)

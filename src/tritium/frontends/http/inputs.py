@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sized
 from typing import Any
 
@@ -209,7 +210,7 @@ def _check_binary_size(label: InputLabel, datatype: DataType, count: int, chunk:
 
 
 def _shared_memory_chunk(params: dict[str, Any], shared_memory: SharedMemoryRegistry | None,
-                         datatype: DataType, count: int, label: InputLabel) -> bytearray:
+                         datatype: DataType, count: int, label: InputLabel) -> memoryview:
     """The input's bytes, copied out of the client's region (which may change, or shrink,
     under us), its size checked before anything is read."""
     region = shm.input_slice(params, shared_memory)
@@ -247,6 +248,22 @@ def _check_json_size(name: str, datatype: DataType, count: int, data: Any, limit
             f"maximum allowed value of {limit} bytes. Use --http-max-input-size to increase "
             "the limit."
         )
+
+
+def refuse_overflowing_data(doc: Any) -> None:
+    """While a big body is still being parsed: refuse it as soon as the input whose data is
+    arriving holds more flat elements than its shape (given before it) has room for, rather
+    than once all of it is built (hundreds of MiB of Python numbers for a 60 MiB body)."""
+    inputs = doc.get("inputs") if type(doc) is dict else None
+    # Only the last input can be growing: the others are whole and checked as usual.
+    item = inputs[-1] if type(inputs) is list and inputs else None
+    if type(item) is not dict:
+        return
+    data, shape = item.get("data"), item.get("shape")
+    if type(data) is not list or not data or type(data[0]) is list or type(shape) is not list:
+        return
+    if all(type(dim) is int and dim >= 0 for dim in shape) and len(data) > math.prod(shape):
+        raise _json_count_error()
 
 
 def _json_count_error() -> TritiumError:

@@ -16,6 +16,7 @@ which is the right answer for it: it is not JSON.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,10 @@ class JsonError(ValueError):
     """The document is not JSON (the message says where, as orjson's would)."""
 
 
+class TooManyValues(JsonError):
+    """The document is JSON, perhaps, but holds more values than its reader allows."""
+
+
 # One open container: its opening byte ([ or {) and where it opened.
 _Open = tuple[int, int]
 
@@ -41,15 +46,21 @@ _Open = tuple[int, int]
 PIECE = 256 * 1024  # bytes per parse: a few milliseconds of orjson
 
 
-def loads(data: bytes | bytearray | memoryview, piece: int = PIECE) -> Any:
-    """``orjson.loads(data)``, parsed ``piece`` bytes at a time."""
+def loads(data: bytes | bytearray | memoryview, piece: int = PIECE,
+          max_tokens: int | None = None, progress: Callable[[Any], None] | None = None
+          ) -> Any:
+    """``orjson.loads(data)``, parsed ``piece`` bytes at a time. With ``max_tokens``, a
+    document of more brackets and commas (outside strings) than that is refused by the scan,
+    before a single Python object is built for it: each value costs far more memory than its
+    bytes. ``progress(root)`` sees the document as merged so far after each piece, and may
+    raise to stop there (a reader that can tell the rest is not worth parsing)."""
     text = bytes(data)
     if len(text) <= piece:
         return _loads(text)
-    cuts = _Scanner(text, piece).cuts()
+    cuts = _Scanner(text, piece, max_tokens).cuts()
     if not cuts:
         return _loads(text)
-    return _Merger(text, cuts).run()
+    return _Merger(text, cuts, progress).run()
 
 
 def _loads(text: bytes) -> Any:
@@ -66,9 +77,10 @@ class _Scanner:
     """Finds the cuts: one comma outside strings near the end of each block, with the
     containers open there."""
 
-    def __init__(self, text: bytes, block: int):
+    def __init__(self, text: bytes, block: int, max_tokens: int | None = None):
         self.text = text
         self.block = block
+        self.tokens_left = max_tokens
         self.in_string = False
         self.backslashes = 0  # length of the run of backslashes that ended the last block
         self.stack: list[_Open] = []
@@ -93,6 +105,10 @@ class _Scanner:
         self.in_string ^= bool(quotes.size & 1)
         if not positions.size:
             return None
+        if self.tokens_left is not None:
+            self.tokens_left -= positions.size
+            if self.tokens_left < 0:
+                raise TooManyValues("the JSON document holds too many values")
         chars = block[positions]
         delta = np.where(np.isin(chars, _OPEN_BYTES), 1, np.where(chars == _COMMA, 0, -1))
         depth = np.cumsum(delta) + len(self.stack)
@@ -168,9 +184,11 @@ _OPEN_BYTES = np.frombuffer(b"[{", np.uint8)
 class _Merger:
     """Parses the pieces between cuts and grows one document from them."""
 
-    def __init__(self, text: bytes, cuts: list[tuple[int, list[_Open]]]):
+    def __init__(self, text: bytes, cuts: list[tuple[int, list[_Open]]],
+                 progress: Callable[[Any], None] | None = None):
         self.text = text
         self.cuts = cuts
+        self.progress = progress
         # The synthetic key under which an object's open member continues in a piece; a
         # fresh one per document, so no client can collide with it.
         self.key = "\x00" + secrets.token_hex(8)
@@ -190,6 +208,8 @@ class _Merger:
             else:
                 root = parsed
             previous, start = stack, end + 1
+            if self.progress is not None and stack:
+                self.progress(root)
         return root
 
     def _check_cut(self, start: int, end: int, stack: list[_Open]) -> None:

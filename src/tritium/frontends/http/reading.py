@@ -177,6 +177,8 @@ class RequestReader(asyncio.Protocol):
         self._version = parser.get_http_version()
         if "host" not in headers and self._version != "1.0":
             self._fail(Rejection(400, "HTTP/1.1 request without a Host header"))
+        if "transfer-encoding" in headers:
+            self._check_transfer_coding(headers["transfer-encoding"])
         self._keep_alive = parser.should_keep_alive()
         if "upgrade" in headers or self._method == "CONNECT":
             # Answered as plain HTTP, then closed: a peer (or a proxy) that believes the
@@ -184,6 +186,15 @@ class RequestReader(asyncio.Protocol):
             self._keep_alive = False
         if "expect" in headers and self._version == "1.1":
             self._expect(headers["expect"])
+
+    def _check_transfer_coding(self, coding: str) -> None:
+        # RFC 9112 6.1: an HTTP/1.0 message's framing is faulty with any Transfer-Encoding,
+        # and chunked, the one coding served, must be the only one ("identity" is gone).
+        if self._version == "1.0":
+            self._fail(Rejection(400, "Transfer-Encoding in an HTTP/1.0 request"))
+        if coding.strip().lower() != "chunked":
+            self._fail(Rejection(501, f"unsupported Transfer-Encoding '{coding}': only "
+                                      "chunked is"))
 
     def _expect(self, expectation: str) -> None:
         if expectation.lower() == "100-continue":

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from typing import cast
 
 from tritium.core.inflight import InFlight
 from tritium.frontends.http.connection import HttpConnection
 from tritium.frontends.http.exchange import App, encode_error
 from tritium.frontends.http.limits import HttpLimits
+from tritium.tls import Handshakes, handshake_cap
 
 logger = logging.getLogger("tritium.http")
 
@@ -78,9 +80,10 @@ class HttpServer:
     """
 
     def __init__(self, server: asyncio.Server, connections: OpenConnections,
-                 limits: HttpLimits):
+                 limits: HttpLimits, handshakes: Handshakes | None = None):
         self._server = server
         self._connections = connections
+        self._handshakes = handshakes
         self.port: int = server.sockets[0].getsockname()[1]
         self._interval = min(1.0, max(0.01, limits.shortest_timeout() / 4))
         self._loop = asyncio.get_running_loop()
@@ -90,6 +93,8 @@ class HttpServer:
     def close(self) -> None:
         """Stop accepting new connections; open ones keep being served."""
         self._server.close()
+        if self._handshakes is not None:
+            self._handshakes.close()
 
     def close_idle_connections(self) -> None:
         """Close connections with no request in progress, queued or partly received."""
@@ -152,10 +157,13 @@ async def start_http_server(app: App, host: str, port: int, limits: HttpLimits, 
         return HttpConnection(app, limits, connections)
 
     loop = asyncio.get_running_loop()
-    # A TLS peer becomes a connection only once its handshake is done: until then, no
-    # header timeout watches it, so the handshake gets a bound of the same length.
-    server = await loop.create_server(
-        connection, host, port, backlog=1024, reuse_address=True, ssl=ssl_context,
-        ssl_handshake_timeout=limits.header_timeout_s if ssl_context else None,
-    )
-    return HttpServer(server, connections, limits)
+    handshakes = None
+    factory: Callable[[], asyncio.Protocol] = connection
+    if ssl_context is not None:
+        # A TLS peer becomes a connection only once its handshake is done: until then, no
+        # header timeout watches it, so the handshake gets a bound of the same length.
+        handshakes = Handshakes(ssl_context, connection, handshake_cap(connections.cap),
+                                limits.header_timeout_s, name)
+        factory = handshakes.protocol
+    server = await loop.create_server(factory, host, port, backlog=1024, reuse_address=True)
+    return HttpServer(server, connections, limits, handshakes)

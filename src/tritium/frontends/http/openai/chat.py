@@ -20,6 +20,9 @@ from tritium.core.model import ModelHandle
 from tritium.frontends.http.openai.errors import OpenAIError, bad_param
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+# Messages in one chat request: longer conversations than any model's context holds, and a
+# bound on the work of copying and rendering them (a few tens of milliseconds).
+MAX_MESSAGES = 16_384
 # Newer tokenizers save their template beside the config, in a file of its own.
 TEMPLATE_FILE = "chat_template.jinja"
 
@@ -33,9 +36,14 @@ class ChatTemplate:
         try:
             return self.template.render(messages=messages, add_generation_prompt=True,
                                         **self.tokens)
-        except jinja2.TemplateError as exc:
+        # Whatever a template raises, it raised on the messages this client sent (a
+        # tool_calls of the wrong shape is a TypeError in an ordinary template; the
+        # sandbox's range bound an OverflowError): their error, answered 400.
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, jinja2.TemplateError) \
+                else f"{type(exc).__name__}: {exc}"
             raise bad_param("messages", f"the model's chat template refused the messages: "
-                                        f"{exc}") from None
+                                        f"{reason}") from None
 
 
 def messages_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -44,6 +52,9 @@ def messages_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
     messages = doc.get("messages")
     if type(messages) is not list or not messages:
         raise bad_param("messages", "'messages' must be a non-empty list")
+    if len(messages) > MAX_MESSAGES:
+        raise bad_param("messages", f"'messages' may hold at most {MAX_MESSAGES} messages, "
+                                    f"not {len(messages)}")
     result = []
     for index, message in enumerate(messages):
         if type(message) is not dict or type(message.get("role")) is not str:

@@ -3,12 +3,13 @@ with every request, so a client that closes its connection cancels the model's w
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tritium.core import tracing
+from tritium.core import offload, tracing
 from tritium.core.errors import TritiumError
 from tritium.core.llm_statistics import OUTCOMES, GenerationTimer
 from tritium.core.model import ModelHandle
@@ -112,8 +113,7 @@ class Job:
 
 async def _serve(api: HttpApi, exchange: HttpExchange, chat: bool) -> None:
     try:
-        doc = parse_body(await api._unpacked_body(exchange))
-        params, model, prompt = _prompt(api, doc, chat)
+        params, model, prompt = await _prompt(api, exchange, chat)
         reply = Reply(params.model, chat, params.include_usage)
         request_id = exchange.request.headers.get(REQUEST_ID_HEADER) or reply.id
         request = build_request(model, prompt, params, request_id)
@@ -143,19 +143,32 @@ async def _serve(api: HttpApi, exchange: HttpExchange, chat: bool) -> None:
         _fail(exchange, from_tritium(exc))
 
 
-def _prompt(api: HttpApi, doc: dict[str, Any], chat: bool
-            ) -> tuple[Params, ModelHandle, str]:
-    """Checked parameters, the model, and the prompt: a chat's is its rendered messages."""
-    service = api.service
+async def _prompt(api: HttpApi, exchange: HttpExchange, chat: bool
+                  ) -> tuple[Params, ModelHandle, str]:
+    """Checked parameters, the model, and the prompt: a chat's is its rendered messages.
+
+    Parsing, checking and rendering grow with the body: past a few hundred KiB they run on
+    a codec thread (the parse in pieces), so a huge chat never holds the event loop."""
+    body = await api._unpacked_body(exchange)
+    heavy = offload.heavy(len(body))
+    read = functools.partial(read_body, body, chat)
+    params, content = await offload.run(read) if heavy else read()
+    model = _ready_model(api.service, params.model)
     if not chat:
-        params = common_params(doc, ("max_tokens",))
-        prompt = prompt_of(doc)
-        return params, _ready_model(service, params.model), prompt
+        assert isinstance(content, str)
+        return params, model, content
+    assert isinstance(content, list)
+    render = functools.partial(TEMPLATES.for_model(model, api.tokenizer_dir).render, content)
+    return params, model, await offload.run(render) if heavy else render()
+
+
+def read_body(body: bytes, chat: bool) -> tuple[Params, str | list[dict[str, Any]]]:
+    """The parameters and the prompt (a completion) or the messages (a chat) of a body."""
+    doc = parse_body(body)
+    if not chat:
+        return common_params(doc, ("max_tokens",)), prompt_of(doc)
     # A chat's limit is max_completion_tokens; max_tokens is its deprecated name.
-    params = common_params(doc, ("max_completion_tokens", "max_tokens"))
-    messages = messages_of(doc)
-    model = _ready_model(service, params.model)
-    return params, model, TEMPLATES.for_model(model, api.tokenizer_dir).render(messages)
+    return common_params(doc, ("max_completion_tokens", "max_tokens")), messages_of(doc)
 
 
 async def _whole(exchange: HttpExchange, stream: ResponseStream, job: Job) -> str:

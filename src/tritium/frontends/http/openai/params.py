@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from tritium.frontends.http import json_pieces
 from tritium.frontends.http.openai.errors import OpenAIError, bad_param
+
+# Brackets and commas (outside strings) a request body may hold: about a million values, a
+# few hundred MiB as Python objects. A 55 MiB body of millions of tiny messages is refused
+# by a scan of its bytes, before any of them is built.
+MAX_JSON_TOKENS = 1 << 20
 
 Number = int | float
 # OpenAI's sampling fields with the range OpenAI accepts; each reaches a model only when
@@ -34,9 +38,14 @@ class Params:
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
+    """The request's JSON object; a body larger than a piece is parsed a piece at a time,
+    so that, on a worker thread, it never holds the GIL for long."""
     try:
-        doc = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError as exc:
+        doc = json_pieces.loads(body, max_tokens=MAX_JSON_TOKENS) if body else None
+    except json_pieces.TooManyValues:
+        raise OpenAIError(400, f"The request body holds too many JSON values (more than "
+                               f"{MAX_JSON_TOKENS} brackets and commas)") from None
+    except json_pieces.JsonError as exc:
         raise OpenAIError(400, f"We could not parse the JSON body of your request: {exc}"
                           ) from None
     if type(doc) is not dict:
