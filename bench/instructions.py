@@ -139,6 +139,10 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def measure(tree: Path, protocol: str, requests: int, trace: str | None = None,
             kind: str = "thread") -> int:
     """Instructions per request of the server from ``tree``'s sources (all its processes)."""
@@ -167,6 +171,13 @@ def measure(tree: Path, protocol: str, requests: int, trace: str | None = None,
                                    capture_output=True)
                 if action == "--zero":
                     send(requests)
+            if len(pids) > 1:  # where they went: the server, its guardians, their instances
+                guardians = [p for p in pids if parent_of(p) == server.pid]
+                roles = {"server": [server.pid], "guardians": guardians,
+                         "instance processes": [p for p in pids[1:] if p not in guardians]}
+                print("      " + ", ".join(
+                    f"{role} {dumped_instructions(directory, members) // requests:,d}"
+                    for role, members in roles.items()), flush=True)
             return dumped_instructions(directory, pids) // requests
         finally:
             server.stop()
