@@ -34,6 +34,7 @@ def test_valid_request_arguments_convert_as_pybind11_converts_them() -> None:
     {"inputs": None}, {"inputs": [DATA]}, {"inputs": "X"},
     {"requested_output_names": None}, {"requested_output_names": "Y"},
     {"requested_output_names": [1]},
+    {"correlation_id": None},
     {"model_version": 1.0}, {"model_version": "1"}, {"model_version": 1 << 63},
     {"flags": -1}, {"flags": 1 << 32}, {"timeout": -1}, {"timeout": 0.5},
     {"preferred_memory": "cpu"}, {"trace": 1},
@@ -67,17 +68,50 @@ def test_request_checks_of_tritons_own_code() -> None:
 
 
 def test_tensor_arguments() -> None:
-    """Tensor(name: std::string, data: py::array): data numpy can convert is accepted;
-    an empty name is refused by PbTensor itself."""
-    assert pb_utils.Tensor(b"X", [1, 2]).as_numpy().tolist() == [1, 2]
+    """Tensor(name: std::string, data: py::array): pybind11 loads a py::array only from an
+    ndarray; an empty name is refused by PbTensor itself, after the conversions."""
+    assert pb_utils.Tensor(b"X", DATA).name() == "X"
     for name in (None, 3):
         with pytest.raises(TypeError):
             pb_utils.Tensor(name, DATA)  # type: ignore[arg-type]
+    for data in (None, [1, 2], np.float32(1), 3):
+        with pytest.raises(TypeError):
+            pb_utils.Tensor("X", data)
     with pytest.raises(TypeError):
-        pb_utils.Tensor("X", [[1], [1, 2]])
+        pb_utils.Tensor("", None)
     with pytest.raises(pb_utils.TritonModelException) as refused:
         pb_utils.Tensor("", DATA)
     assert str(refused.value) == "Tensor name cannot be an empty string."
+
+
+def test_from_dlpack_refuses_with_tritons_text() -> None:
+    """The name is checked first, then what the object offers (pb_tensor.cc FromDLPack)."""
+    with pytest.raises(pb_utils.TritonModelException) as refused:
+        pb_utils.Tensor.from_dlpack("", None)
+    assert str(refused.value) == "Tensor name cannot be an empty string."
+    for source in (None, [1, 2], DATA.tolist()):
+        with pytest.raises(pb_utils.TritonModelException, match="Provided tensor is not"):
+            pb_utils.Tensor.from_dlpack("X", source)
+
+
+def test_a_none_in_a_list_of_tensors_is_refused_by_triton_code() -> None:
+    """pybind11 converts a None element to an empty pointer; Triton's constructors refuse
+    it with TritonModelException, and an empty requested output name likewise."""
+    with pytest.raises(pb_utils.TritonModelException) as refused:
+        request(inputs=[None], request_id="r7")
+    assert str(refused.value) == ("Input tensor for request with id 'r7' and model name 'm' "
+                                  "should not be empty.")
+    with pytest.raises(pb_utils.TritonModelException) as refused:
+        request(requested_output_names=[""])
+    assert str(refused.value) == ("Requested output name for request with id '' and model "
+                                  "name 'm' should not be empty.")
+    with pytest.raises(TypeError):
+        request(inputs=[None], model_name=None)  # conversions come first
+    with pytest.raises(pb_utils.TritonModelException) as refused:
+        pb_utils.InferenceResponse(output_tensors=[None])  # type: ignore[list-item]
+    assert str(refused.value) == "Output tensor for inference response should not be empty."
+    assert request(inputs=[], requested_output_names=[]).inputs() == []
+    assert request(correlation_id=5).correlation_id() == 5
 
 
 def test_response_arguments() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 
+import ml_dtypes
 import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
@@ -64,13 +66,41 @@ def test_dlpack_round_trip() -> None:
     assert back.name() == "y"
 
 
-def test_bf16_tensor_round_trips_through_ml_dtypes() -> None:
-    raw = np.array([0x3F80, 0x4000], dtype=np.uint16)  # 1.0 and 2.0 as bfloat16
-    view = pb_utils.Tensor._wrap(CoreTensor("b", DataType.BF16, (2,), raw)).as_numpy()
-    assert view.astype(np.float32).tolist() == [1.0, 2.0]
-    again = pb_utils.Tensor("c", view)
+def _bf16(name: str, raw: np.ndarray) -> pb_utils.Tensor:
+    return pb_utils.Tensor._wrap(CoreTensor(name, DataType.BF16, raw.shape, raw))
+
+
+def test_bf16_as_numpy_refuses_as_triton() -> None:
+    tensor = _bf16("b", np.array([0x3F80, 0x4000], dtype=np.uint16))
+    with pytest.raises(pb_utils.TritonModelException,
+                       match="Tensor dtype is BF16 and cannot be converted to NumPy"):
+        tensor.as_numpy()
+
+
+def test_bf16_crosses_dlpack_as_bfloat16() -> None:
+    """The capsule says kDLBfloat (code 4, 16 bits) and comes back as BF16, same memory."""
+    raw = np.array([[0x3F80, 0x4000, 0xC040]], dtype=np.uint16)  # 1.0, 2.0, -3.0
+    tensor = _bf16("b", raw)
+    capsule = tensor.to_dlpack()
+    pointer = ctypes.pythonapi.PyCapsule_GetPointer(ctypes.py_object(capsule), b"dltensor")
+    assert (ctypes.c_uint8 * 2).from_address(pointer + 20)[:] == [4, 16]
+    back = pb_utils.Tensor.from_dlpack("c", capsule)
+    assert back.triton_dtype() == DataType.BF16.code and back.shape() == [1, 3]
+    assert back._core.data.tolist() == raw.tolist()
+    assert np.shares_memory(back._core.data, raw)
+    again = pb_utils.Tensor.from_dlpack("d", back)  # through __dlpack__ as well
     assert again.triton_dtype() == DataType.BF16.code
-    assert again._core.data.tolist() == raw.tolist()
+
+
+def test_uint16_dlpack_stays_uint16() -> None:
+    back = pb_utils.Tensor.from_dlpack("u", np.arange(3, dtype=np.uint16))
+    assert back.triton_dtype() == DataType.UINT16.code
+
+
+def test_ml_dtypes_bfloat16_array_makes_a_bf16_tensor() -> None:
+    tensor = pb_utils.Tensor("c", np.array([1.0, 2.0], dtype=ml_dtypes.bfloat16))
+    assert tensor.triton_dtype() == DataType.BF16.code
+    assert tensor._core.data.tolist() == [0x3F80, 0x4000]
 
 
 # -- responses and errors --------------------------------------------------------------
@@ -334,3 +364,13 @@ def test_invalid_edit_is_invalid_arg() -> None:
     with pytest.raises(TritiumError) as caught:
         config.to_protobuf()
     assert caught.value.code is ErrorCode.INVALID_ARG
+
+
+def test_dlpack_data_the_cpu_cannot_read_is_a_model_exception() -> None:
+    """A capsule saying kDLCUDA (device type 2) is refused in tritium's words, not numpy's."""
+    capsule = np.zeros(3, np.float32).__dlpack__()
+    pointer = ctypes.pythonapi.PyCapsule_GetPointer(ctypes.py_object(capsule), b"dltensor")
+    ctypes.c_int32.from_address(pointer + 8).value = 2
+    with pytest.raises(pb_utils.TritonModelException, match="keeps tensors in CPU memory"):
+        pb_utils.Tensor.from_dlpack("g", capsule)
+    ctypes.c_int32.from_address(pointer + 8).value = 1  # the deleter frees it as it was

@@ -113,6 +113,19 @@ PB_NOT_DICT = "Expect N8pybind114dictE, got {type}"
 PB_PARAMETER_KEY = "Expect parameters keys to have type str, found type {type}"
 PB_PARAMETER_VALUE = "Expect parameters values to have type bool/int/str, found type {type}"
 PB_EMPTY_TENSOR_NAME = "Tensor name cannot be an empty string."
+PB_EMPTY_REQUEST_INPUT = ("Input tensor for request with id '{request_id}' and model name "
+                          "'{model_name}' should not be empty.")
+PB_EMPTY_REQUESTED_OUTPUT = ("Requested output name for request with id '{request_id}' and "
+                             "model name '{model_name}' should not be empty.")
+PB_EMPTY_RESPONSE_OUTPUT = "Output tensor for inference response should not be empty."
+# The C++ literal continues its line with a backslash, so the next line's indent is kept.
+PB_NOT_DLPACK = ("Provided tensor is not supported. Tensor must be a DLPack capsule "
+                 "        or have `__dlpack__` and `__dlpack_device__` attributes")
+# tritium's own: it has no GPU tensors, so a DLPack import must be readable by the CPU.
+PB_DLPACK_NOT_CPU = ("DLPack tensor cannot be imported: tritium keeps tensors in CPU memory "
+                     "(copy GPU data to the CPU first, e.g. torch's .cpu()): {reason}")
+PB_BF16_AS_NUMPY = ("Tensor dtype is BF16 and cannot be converted to NumPy. Use "
+                    "to_dlpack() and from_dlpack() instead.")
 
 # -- system shared memory (server src/shared_memory_manager.cc, common.cc/.h, http_server.cc,
 # grpc/grpc_utils.h, grpc/infer_handler.cc). Registration and lookup first, then the tensor

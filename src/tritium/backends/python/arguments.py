@@ -55,15 +55,16 @@ def integer(call: str, name: str, value: object, bounds: tuple[int, int]) -> int
     return number
 
 
-def instances(call: str, name: str, values: object, kind: type[T]) -> list[T]:
-    """A ``std::vector<std::shared_ptr<kind>>`` argument."""
+def instances(call: str, name: str, values: object, kind: type[T]) -> list[T | None]:
+    """A ``std::vector<std::shared_ptr<kind>>`` argument; a None element converts (to an
+    empty pointer) and is the caller's to refuse, as Triton's own code does."""
     if not _is_sequence(values):
         raise incompatible(call, name, f"a list of {kind.__name__}", values)
     # Exact types are tested in C first (this runs for every response); a subclass
-    # of ``kind`` takes the loop.
+    # of ``kind`` or a None takes the loop.
     if not {kind}.issuperset(map(type, values)):
         for value in values:
-            if not isinstance(value, kind):
+            if value is not None and not isinstance(value, kind):
                 raise incompatible(call, name, f"a list of {kind.__name__}", value)
     return list(values)
 

@@ -8,7 +8,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from tritium.backends.python import arguments
+from tritium.backends.python import arguments, dlpack
 from tritium.backends.python.errors import TritonModelException
 from tritium.core import messages
 from tritium.core.types import DataType
@@ -53,9 +53,9 @@ class Tensor:
         # Made for every output of every request: a str name and a numeric array are
         # recognised by exact type and dict tests; anything else takes the full checks.
         text = name if type(name) is str else arguments.text("Tensor.__init__()", "name", name)
+        array = data if isinstance(data, np.ndarray) else _as_array(data)
         if not text:
             raise TritonModelException(messages.PB_EMPTY_TENSOR_NAME)
-        array = data if isinstance(data, np.ndarray) else _as_array(data)
         datatype = _NUMERIC.get(array.dtype)
         if datatype is None:
             self._core = _other_dtype_core(text, array)
@@ -74,14 +74,11 @@ class Tensor:
         return self._core.name
 
     def as_numpy(self) -> np.ndarray:
-        core = self._core
-        data = core.data
-        if not data.flags.writeable:
-            data = self._own_copy()
-        if core.datatype is DataType.BF16:
-            # Triton refuses here; ml_dtypes gives numpy a bfloat16, so tritium can answer.
-            return data.view(_BFLOAT16)
-        return data
+        if self._core.datatype is DataType.BF16:
+            # As Triton: numpy has no bfloat16 of its own, models take BF16 through DLPack.
+            raise TritonModelException(messages.PB_BF16_AS_NUMPY)
+        data = self._core.data
+        return data if data.flags.writeable else self._own_copy()
 
     def shape(self) -> list[int]:
         return list(self._core.shape)
@@ -93,18 +90,31 @@ class Tensor:
         return True
 
     def to_dlpack(self) -> Any:
-        return self._dlpack_source().__dlpack__()
+        source = self._dlpack_source()
+        if self._core.datatype is DataType.BF16:
+            return dlpack.export_bf16(source)
+        return source.__dlpack__()
 
-    def __dlpack__(self, stream: Any = None) -> Any:
-        return self._dlpack_source().__dlpack__()
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self.to_dlpack()
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return _CPU_DEVICE
 
     @staticmethod
     def from_dlpack(name: str | bytes, tensor: Any) -> Tensor:
-        source = tensor if hasattr(tensor, "__dlpack__") else _Capsule(tensor)
-        return Tensor(name, np.from_dlpack(source))
+        text = name if type(name) is str else arguments.text("from_dlpack()", "name", name)
+        if not text:
+            raise TritonModelException(messages.PB_EMPTY_TENSOR_NAME)
+        if dlpack.is_capsule(tensor):
+            capsule = tensor
+        elif hasattr(tensor, "__dlpack__") and hasattr(tensor, "__dlpack_device__"):
+            # Taken here, not by numpy, so that a bfloat16 capsule can be relabelled.
+            capsule = tensor.__dlpack__()
+        else:
+            raise TritonModelException(messages.PB_NOT_DLPACK)
+        array, bf16 = dlpack.import_capsule(capsule)
+        return Tensor(name, array.view(_BFLOAT16) if bf16 else array)
 
     def __repr__(self) -> str:
         core = self._core
@@ -130,19 +140,6 @@ class Tensor:
         return data
 
 
-class _Capsule:
-    """Lets numpy import a bare DLPack capsule (as older frameworks hand out)."""
-
-    def __init__(self, capsule: Any) -> None:
-        self._capsule = capsule
-
-    def __dlpack__(self, **_: Any) -> Any:
-        return self._capsule
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return _CPU_DEVICE
-
-
 def _other_dtype_core(name: str, array: np.ndarray) -> CoreTensor:
     """The core tensor of an array whose dtype is not one of ``_NUMERIC``'s."""
     if array.dtype == _BFLOAT16:
@@ -162,12 +159,9 @@ def _other_dtype_core(name: str, array: np.ndarray) -> CoreTensor:
 
 
 def _as_array(data: Any) -> np.ndarray:
-    # pybind11 converts the argument to a py::array as numpy would; failing, a TypeError.
-    try:
-        return np.asarray(data)
-    except (TypeError, ValueError) as exc:
-        raise arguments.incompatible("Tensor.__init__()", "data", "a numpy array",
-                                     data) from exc
+    # Triton binds ``py::array``, which pybind11 loads only from an ndarray: lists, scalars
+    # and None are refused before Triton's code runs.
+    raise arguments.incompatible("Tensor.__init__()", "data", "a numpy.ndarray", data)
 
 
 def _as_bytes_array(array: np.ndarray) -> np.ndarray:

@@ -92,11 +92,12 @@ class InferenceRequest:
         parameters: dict[str, Any] | None = None,
     ) -> None:
         call = "InferenceRequest.__init__()"
+        # pybind11 converts every argument (TypeError) before Triton's own checks run.
+        if correlation_id is None:
+            raise arguments.incompatible(call, "correlation_id", "int or str", None)
         self._request_id = arguments.text(call, "request_id", request_id)
-        self._correlation_id = _correlation_id(correlation_id)
-        self._inputs = arguments.instances(call, "inputs", inputs, Tensor)
+        given = arguments.instances(call, "inputs", inputs, Tensor)
         names = arguments.text_list(call, "requested_output_names", requested_output_names)
-        self._requested_output_names = list(dict.fromkeys(names))
         self._model_name = arguments.text(call, "model_name", model_name)
         self._model_version = arguments.integer(call, "model_version", model_version,
                                                 arguments.INT64)
@@ -106,6 +107,17 @@ class InferenceRequest:
         self._trace = arguments.optional_instance(call, "trace", trace, InferenceTrace) \
             or InferenceTrace()
         self._parameters = check_parameters(parameters)
+        self._correlation_id = _correlation_id(correlation_id)
+        # A None input is an empty pointer to Triton's binding, refused by its constructor.
+        if None in given:
+            raise TritonModelException(self._described(messages.PB_EMPTY_REQUEST_INPUT))
+        if "" in names:
+            raise TritonModelException(self._described(messages.PB_EMPTY_REQUESTED_OUTPUT))
+        self._inputs: list[Tensor] = given  # type: ignore[assignment]
+        self._requested_output_names = list(dict.fromkeys(names))
+
+    def _described(self, message: str) -> str:
+        return message.format(request_id=self._request_id, model_name=self._model_name)
 
     def inputs(self) -> list[Tensor]:
         return self._inputs

@@ -59,7 +59,11 @@ class InferenceResponse:
 def _checked_outputs(output_tensors: Any) -> list[Tensor]:
     # Triton's default is an empty list; None converts to no std::vector (TypeError).
     outputs = [] if output_tensors is _NO_OUTPUTS else output_tensors
-    return arguments.instances("InferenceResponse.__init__()", "output_tensors", outputs, Tensor)
+    checked = arguments.instances("InferenceResponse.__init__()", "output_tensors", outputs,
+                                  Tensor)
+    if None in checked:
+        raise TritonModelException(messages.PB_EMPTY_RESPONSE_OUTPUT)
+    return checked  # type: ignore[return-value]
 
 
 def check_parameters(parameters: Any) -> dict[str, Any]:
