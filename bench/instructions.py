@@ -1,7 +1,7 @@
 """User-space CPU instructions the server executes per identity inference, HTTP and gRPC.
 
 Timings on a small shared machine wander by 10-20 % from run to run; an instruction count
-does not. This starts ``tritium serve`` on the bundled example repository under valgrind's
+does not. This starts ``tritium serve`` with the bundled example identity model under valgrind's
 callgrind, warms it up, zeroes the counters, sends N requests one at a time (HTTP: the binary
 tensor extension over one keep-alive socket; gRPC: ModelInfer over one channel, with a
 deadline, as perf_analyzer-like clients send), dumps the counters and divides. Every thread
@@ -9,7 +9,11 @@ of the server is counted (the event loop and the instance threads); the kernel's
 (system calls, wake-ups) is not.
 
     python bench/instructions.py [--requests 1000] [--protocols http grpc] [--tree PATH ...]
-                                 [--trace triton|opentelemetry]
+                                 [--trace triton|opentelemetry] [--kind thread|process]
+
+``--kind process`` serves python models in instance processes and counts every process of
+the server (valgrind follows the guardians and instance processes it starts): the server,
+the guardians and the instance processes together.
 
 ``--trace`` serves with tracing on at rate 1 (every request traced): the trace file in a
 scratch directory, or OTLP/HTTP spans to a sink in this process, to state what tracing costs.
@@ -22,7 +26,9 @@ package ``valgrind``); the server runs some 50x slower under it, so startup take
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -69,10 +75,10 @@ def send_grpc(url: str, count: int) -> None:
             call(payload, timeout=60)
 
 
-def dumped_instructions(directory: Path, pid: int) -> int:
-    """The counters that ``callgrind_control --dump`` wrote (not the one written at exit)."""
+def dumped_instructions(directory: Path, pids: list[int]) -> int:
+    """The counters that ``callgrind_control --dump`` wrote (not the ones written at exit)."""
     total = 0
-    for dump in directory.glob(f"callgrind.{pid}.*"):
+    for dump in (d for pid in pids for d in directory.glob(f"callgrind.{pid}.*")):
         found = re.search(r"^summary: (\d+)", dump.read_text(errors="replace"), re.MULTILINE)
         if found:
             total += int(found.group(1))
@@ -117,13 +123,37 @@ class OtlpSink:
         return cls._shared
 
 
-def measure(tree: Path, protocol: str, requests: int, trace: str | None = None) -> int:
-    """Instructions per request of the server from ``tree``'s sources."""
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (instance processes sit under their guardians)."""
+    below: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                below.setdefault(int(stat[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = below.get(todo.pop(), [])
+        found.extend(children)
+        todo.extend(children)
+    return found
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def measure(tree: Path, protocol: str, requests: int, trace: str | None = None,
+            kind: str = "thread") -> int:
+    """Instructions per request of the server from ``tree``'s sources (all its processes)."""
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
-        server = TritiumProcess(REPOSITORY, *trace_flags(trace, directory),
+        # identity alone: the other models' instances would only slow the start under valgrind.
+        shutil.copytree(REPOSITORY / "identity", directory / "repository" / "identity")
+        server = TritiumProcess(directory / "repository", *trace_flags(trace, directory),
+                                "--python-instance-kind", kind,
                                 env={"PYTHONPATH": str(tree / "src")})
-        server.args = ["valgrind", "--tool=callgrind",
+        server.args = ["valgrind", "--tool=callgrind", "--trace-children=yes",
                        f"--callgrind-out-file={directory}/callgrind.%p", *server.args]
         server.start(timeout=600)
         try:
@@ -134,12 +164,21 @@ def measure(tree: Path, protocol: str, requests: int, trace: str | None = None) 
                     send_grpc(server.grpc_url, count)
 
             send(WARM_UP)
-            subprocess.run(["callgrind_control", "--zero", str(server.pid)], check=True,
-                           capture_output=True)
-            send(requests)
-            subprocess.run(["callgrind_control", "--dump", str(server.pid)], check=True,
-                           capture_output=True)
-            return dumped_instructions(directory, server.pid) // requests
+            pids = [server.pid, *descendants(server.pid)]
+            for action in ("--zero", "--dump"):
+                for pid in pids:
+                    subprocess.run(["callgrind_control", action, str(pid)], check=True,
+                                   capture_output=True)
+                if action == "--zero":
+                    send(requests)
+            if len(pids) > 1:  # where they went: the server, its guardians, their instances
+                guardians = [p for p in pids if parent_of(p) == server.pid]
+                roles = {"server": [server.pid], "guardians": guardians,
+                         "instance processes": [p for p in pids[1:] if p not in guardians]}
+                print("      " + ", ".join(
+                    f"{role} {dumped_instructions(directory, members) // requests:,d}"
+                    for role, members in roles.items()), flush=True)
+            return dumped_instructions(directory, pids) // requests
         finally:
             server.stop()
 
@@ -154,12 +193,15 @@ def main() -> None:
                         help="other checkouts to measure besides this one")
     parser.add_argument("--trace", choices=["triton", "opentelemetry"], default=None,
                         help="trace every request in this mode")
+    parser.add_argument("--kind", choices=["thread", "process"], default="thread",
+                        help="the python instance kind (process: every process counted)")
     args = parser.parse_args()
     traced = f", traced: {args.trace}" if args.trace else ""
     for protocol in args.protocols:
         for tree in [ROOT, *args.tree]:
-            count = measure(tree.resolve(), protocol, args.requests, args.trace)
-            print(f"{protocol:4s}  {count:9,d} instructions/infer  ({tree}{traced})",
+            count = measure(tree.resolve(), protocol, args.requests, args.trace, args.kind)
+            print(f"{protocol:4s}  {count:9,d} instructions/infer  ({args.kind} kind, "
+                  f"{tree}{traced})",
                   flush=True)
 
 

@@ -105,11 +105,12 @@ def children(pid: int) -> list[int]:
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU seconds of the server and of its live instance processes."""
+    """CPU seconds of the server, its guardians and their instance processes."""
     total = cpu_seconds(pid)
-    for child in children(pid):
-        with suppress(OSError):  # it may have just exited
-            total += cpu_seconds(child)
+    for guardian in children(pid):
+        for process in (guardian, *children(guardian)):
+            with suppress(OSError):  # it may have just exited
+                total += cpu_seconds(process)
     return total
 
 
@@ -157,15 +158,20 @@ def saturated(server: TritiumProcess, model: str, concurrency: int = 4) -> Itera
 
 
 def rss_lines(server: TritiumProcess) -> list[str]:
-    rss, pss = [], []
-    for child in children(server.pid):
-        status = Path(f"/proc/{child}/status").read_text()
-        rss.append(int(status.split("VmRSS:")[1].split()[0]) / 1024)
-        rollup = Path(f"/proc/{child}/smaps_rollup").read_text()
-        pss.append(int(rollup.split("Pss:")[1].split()[0]) / 1024)
-    return [f"  {len(rss)} instance processes: RSS min {min(rss):.1f} / median "
-            f"{float(np.median(rss)):.1f} / max {max(rss):.1f} MiB; PSS median "
-            f"{float(np.median(pss)):.1f} MiB (Triton's stub: ~40 MiB RSS)"]
+    guardians = children(server.pid)
+    lines = []
+    for role, pids in (("instance processes", [p for g in guardians for p in children(g)]),
+                       ("guardians", guardians)):
+        rss, pss = [], []
+        for pid in pids:
+            status = Path(f"/proc/{pid}/status").read_text()
+            rss.append(int(status.split("VmRSS:")[1].split()[0]) / 1024)
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            pss.append(int(rollup.split("Pss:")[1].split()[0]) / 1024)
+        lines.append(f"  {len(rss)} {role}: RSS min {min(rss):.1f} / median "
+                     f"{float(np.median(rss)):.1f} / max {max(rss):.1f} MiB; PSS median "
+                     f"{float(np.median(pss)):.1f} MiB")
+    return [*lines, "  (Triton's stub: ~40 MiB RSS)"]
 
 
 def execute_ms(server: TritiumProcess, model: str) -> float:

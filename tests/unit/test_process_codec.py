@@ -51,6 +51,12 @@ def test_every_message_round_trips(message: Any) -> None:
     [2, 1, [[3, "id", 1.5, 0, 0, {}, None, "m", 1]], [-1, [], None]],  # a float correlation id
     [12, [[3, True, False, ["NOT_FOUND"], None, None]]],  # an error body missing its text
     {"tag": 1},  # not an array
+    [2, 1, [], [-1, [["I", 8, [2, "3"], 0, 24]], None]],  # a shape of a string
+    [2, 1, [], [-1, [["I", 8, {"2": 3}, 0, 24]], None]],  # a shape that is no array
+    [2, 1, [[3, "id", 0, 0, 0, {}, ["o", 1], "m", 1]], [-1, [], None]],  # an output not a str
+    [2, 1, [[3, "id", 0, 0, 0, {}, "o", "m", 1]], [-1, [], None]],  # outputs not an array
+    [2, 1, [[3, "id", 0, 0, 0, {1: 2}, None, "m", 1]], [-1, [], None]],  # a parameter key
+    [2, 1, [7], [-1, [], None]],  # a request that is not an array
 ], ids=str)
 def test_what_is_not_a_message_is_refused(wire: Any) -> None:
     with pytest.raises(FrameError):
