@@ -68,21 +68,7 @@ class PythonBackend:
             if admitted.request.trace is not None:
                 return self._traced_execute(requests, traces_of(requests) or [])
         context = self._context
-        received = [ReceivedRequest(request, context) for request in requests]
-        token = scope.enter(scope.ExecutionScope(self._link, self.model_dir, requests))
-        try:
-            with ImmediateWakes():
-                result = self.model.execute(received)
-        except Exception as exc:
-            self._fail(received, describe_exception(exc), exc)
-            return None
-        finally:
-            scope.leave(token)
-        # A list, the usual return, is told apart without inspect's Python-level call.
-        if type(result) is not list and inspect.iscoroutine(result):
-            return self._complete_async(requests, received, result)
-        self._deliver(received, result)
-        return None
+        return self._run(requests, [ReceivedRequest(request, context) for request in requests])
 
     def _traced_execute(self, requests: list[AdmittedRequest], traces: list[RequestTrace]
                         ) -> Awaitable[None] | None:
@@ -92,22 +78,26 @@ class PythonBackend:
         context = self._context
         received = [ReceivedRequest(request, context) for request in requests]
         record(traces, COMPUTE_INPUT_END, time.monotonic_ns())
+        return self._run(requests, received, traces)
+
+    def _run(self, requests: list[AdmittedRequest], received: list[ReceivedRequest],
+             traces: list[RequestTrace] | None = None) -> Awaitable[None] | None:
+        """Call the model's ``execute``; an ``async def`` one returns what completes it."""
         token = scope.enter(scope.ExecutionScope(self._link, self.model_dir, requests))
         try:
             with ImmediateWakes():
                 result = self.model.execute(received)
         except Exception as exc:
             self._fail(received, describe_exception(exc), exc)
-            record(traces, COMPUTE_END, time.monotonic_ns())
+            if traces is not None:
+                record(traces, COMPUTE_END, time.monotonic_ns())
             return None
         finally:
             scope.leave(token)
+        # A list, the usual return, is told apart without inspect's Python-level call.
         if type(result) is not list and inspect.iscoroutine(result):
             return self._complete_async(requests, received, result, traces)
-        record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
-        _trace_outputs(requests, result)
-        self._deliver(received, result)
-        record(traces, COMPUTE_END, time.monotonic_ns())
+        self._returned(requests, received, result, traces)
         return None
 
     def finalize(self) -> None:
@@ -143,6 +133,11 @@ class PythonBackend:
             return
         finally:
             scope.leave(token)
+        self._returned(requests, received, result, traces)
+
+    # -- after the model returned ------------------------------------------------
+    def _returned(self, requests: list[AdmittedRequest], received: list[ReceivedRequest],
+                  result: Any, traces: list[RequestTrace] | None) -> None:
         if traces is None:
             self._deliver(received, result)
             return
@@ -151,7 +146,6 @@ class PythonBackend:
         self._deliver(received, result)
         record(traces, COMPUTE_END, time.monotonic_ns())
 
-    # -- after the model returned ------------------------------------------------
     def _deliver(self, received: list[ReceivedRequest], result: Any) -> None:
         if self.decoupled:
             if result is not None:
