@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.certificates import Pki, make_pki
 from tests.server_process import TritiumProcess
 from tests.zoo import build_repository
 
@@ -71,3 +72,9 @@ def server(repository: Path, instance_kind: str) -> Iterator[TritiumProcess]:
     yield process
     code = process.stop()
     assert code == 0, process.log()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA with server and client certificates, for the TLS tests."""
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
-from tests.certificates import Pki, make_pki
+from tests.certificates import Pki
 from tests.e2e.observe import Records
 from tests.server_process import TritiumProcess
 from tests.zoo import add_model
@@ -36,11 +36,6 @@ MODEL = "identity_fp32"
 HEADER_TIMEOUT_S = 3
 TENSORS = ('input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] }]\n'
            'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1] }]\n')
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,9 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from tests.certificates import Pki, make_pki
+from tests.certificates import Pki
 from tests.e2e.bystander import Bystander
+from tests.e2e.test_tls import TENSORS
 from tests.server_process import TritiumProcess
 from tests.zoo import add_model
 from tritium.tls import handshake_cap
@@ -28,13 +29,6 @@ INSTANCE_KINDS = ("thread",)
 MAX_CONNECTIONS = 32
 HANDSHAKES = handshake_cap(MAX_CONNECTIONS)
 SILENT = 200
-TENSORS = ('input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] }]\n'
-           'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1] }]\n')
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
