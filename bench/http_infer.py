@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from driver import REPOSITORY, Run, binary_infer_request, cpu_seconds, main
 
-__all__ = ["REPOSITORY", "cpu_seconds", "request_bytes", "run"]
+__all__ = ["REPOSITORY", "client", "cpu_seconds", "request_bytes", "run"]
 
 
 def request_bytes(model: str, elements: int) -> bytes:
@@ -28,11 +28,15 @@ def request_bytes(model: str, elements: int) -> bytes:
     return binary_infer_request(model, data, [1, elements])
 
 
-async def client(port: int, payload: bytes, stop_at: float, latencies: list[float]) -> None:
+async def client(port: int, payloads: list[bytes], stop_at: float,
+                 latencies: list[float]) -> None:
+    """One keep-alive connection sending ``payloads`` in turn, each answered before the next."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sent = 0
     while time.perf_counter() < stop_at:
         started = time.perf_counter()
-        writer.write(payload)
+        writer.write(payloads[sent % len(payloads)])
+        sent += 1
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(head.lower().split(b"\r\ncontent-length:")[1].split(b"\r\n")[0])
         await reader.readexactly(length)
@@ -44,7 +48,8 @@ async def client(port: int, payload: bytes, stop_at: float, latencies: list[floa
 async def run(port: int, payload: bytes, concurrency: int, seconds: float) -> list[float]:
     latencies: list[float] = []
     stop_at = time.perf_counter() + seconds
-    await asyncio.gather(*(client(port, payload, stop_at, latencies) for _ in range(concurrency)))
+    await asyncio.gather(*(client(port, [payload], stop_at, latencies)
+                           for _ in range(concurrency)))
     return latencies
 
 

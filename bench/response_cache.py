@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from driver import binary_infer_request, cpu_seconds
+from http_infer import client
 from tests.server_process import TritiumProcess
 
 MODEL = '''
@@ -66,22 +67,6 @@ def write_repository(root: Path, elements: int) -> Path:
 
 def request_bytes(model: str, data: bytes) -> bytes:
     return binary_infer_request(model, data, [1, len(data) // 4])
-
-
-async def client(port: int, payloads: list[bytes], stop_at: float,
-                 latencies: list[float]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    sent = 0
-    while time.perf_counter() < stop_at:
-        started = time.perf_counter()
-        writer.write(payloads[sent % len(payloads)])
-        sent += 1
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(head.lower().split(b"\r\ncontent-length:")[1].split(b"\r\n")[0])
-        await reader.readexactly(length)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        latencies.append(time.perf_counter() - started)
-    writer.close()
 
 
 async def drive(port: int, payloads: list[list[bytes]], seconds: float) -> list[float]:
