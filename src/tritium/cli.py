@@ -277,7 +277,8 @@ def parse(argv: Sequence[str], command: str = "tritium") -> tuple[ServerConfig, 
     parser = build_tritonserver_parser() if command == "tritonserver" else build_parser()
     args = parser.parse_args(argv)
     _check_triton_rules(parser, args)
-    return _config(parser, args, command), cli_features.warnings(args)
+    config = _config(parser, args, command)
+    return config, cli_features.warnings(args, config.features.backends)
 
 
 def _config(parser: argparse.ArgumentParser, args: argparse.Namespace,

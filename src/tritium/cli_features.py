@@ -94,10 +94,10 @@ def cache_bytes(cache: CacheConfig | None) -> int | None:
     return size
 
 
-def warnings(args: argparse.Namespace) -> list[str]:
-    """One line per kind of flag given that this server accepts without doing it."""
+def warnings(args: argparse.Namespace, backends: BackendConfig) -> list[str]:
+    """One line per kind of flag given that this server accepts without doing it
+    (``backends``: the --backend-config settings the config was built with)."""
     found = cli_flags.notices(args)
-    backends = features(args).backends
     found.no_such_hardware.extend(other_backends(backends))
     found.ignored.extend(python_backend(backends)[1])
     deprecated = []
