@@ -7,13 +7,12 @@ import contextlib
 import os
 import signal
 import socket
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import requests
 
+from tests.e2e.observe import wait_until
 from tests.server_process import TritiumProcess
 from tests.zoo import _parameter, _tensor, add_model
 
@@ -59,12 +58,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
 
 def _start_children(server: TritiumProcess, model: str) -> tuple[int, set[int]]:
     body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [0]}]}
@@ -75,7 +68,8 @@ def _start_children(server: TritiumProcess, model: str) -> tuple[int, set[int]]:
     # The instance's guardian holds the whole tree, orphans included (the double fork's
     # comes back to it); the double fork's middle process and spawn's helpers come and go.
     guardian = _parents()[instance]
-    wait_until(lambda: len(_living(descendants(guardian))) > STARTED)
+    wait_until(lambda: len(_living(descendants(guardian))) > STARTED, "every child started",
+               60.0)
     return instance, _living(descendants(guardian)) | {guardian}
 
 
@@ -95,7 +89,8 @@ def test_no_child_of_a_model_survives_a_sigkilled_server(tmp_path: Path) -> None
     finally:
         server.signal(signal.SIGKILL)
         server.wait(30)
-    wait_until(lambda: not any(_alive(pid) for pid in {instance, *children}), timeout=30)
+    wait_until(lambda: not any(_alive(pid) for pid in {instance, *children}),
+               "the instance and its children gone", 30)
 
 
 def test_no_child_of_a_model_survives_its_instance(tmp_path: Path) -> None:
@@ -106,7 +101,8 @@ def test_no_child_of_a_model_survives_its_instance(tmp_path: Path) -> None:
                             "data": [1]}]}
         requests.post(f"http://{server.http_url}/v2/models/spawner/infer", json=body,
                       timeout=120)
-        wait_until(lambda: not any(_alive(pid) for pid in {instance, *children}), timeout=30)
+        wait_until(lambda: not any(_alive(pid) for pid in {instance, *children}),
+                   "the instance and its children gone", 30)
         assert server.proc is not None and server.proc.poll() is None  # unharmed
     finally:
         assert server.stop() == 0, server.log()

@@ -5,8 +5,7 @@ mode, with --strict-readiness true (Triton's default) and false."""
 from __future__ import annotations
 
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import requests
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.e2e.observe import wait_until
 from tests.server_process import TritiumProcess
 from tests.zoo import _parameter, _tensor, add_model
 
@@ -51,12 +51,6 @@ def expect(server: TritiumProcess, strict: bool, strict_answer: bool) -> None:
     """Strict readiness answers ``strict_answer``; without it a running server is ready."""
     assert ready(server) is (strict_answer if strict else True), server.log()
 
-
-def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.02)
 
 
 def state(server: TritiumProcess, name: str) -> tuple[str, str]:
@@ -101,7 +95,7 @@ def test_explicit_mode_load_unload_and_failure(tmp_path: Path, strict: bool,
     base = f"http://{server.http_url}/v2/repository/models"
     with ThreadPoolExecutor(1) as pool:
         loading = pool.submit(requests.post, f"{base}/slow/load", timeout=60)
-        wait_until(lambda: state(server, "slow")[0] == "LOADING")
+        wait_until(lambda: state(server, "slow")[0] == "LOADING", "slow loading", 60.0)
         expect(server, strict, False)  # a model loading is not ready yet (Triton #7014)
         (tmp_path / "gate.init").touch()
         assert loading.result().status_code == 200
@@ -111,7 +105,8 @@ def test_explicit_mode_load_unload_and_failure(tmp_path: Path, strict: bool,
     assert state(server, "slow")[0] == "UNLOADING"  # its finalize waits on the gate
     expect(server, strict, False)
     (tmp_path / "gate.finalize").touch()
-    wait_until(lambda: state(server, "slow") == ("UNAVAILABLE", "unloaded"))
+    wait_until(lambda: state(server, "slow") == ("UNAVAILABLE", "unloaded"), "slow unloaded",
+               60.0)
     expect(server, strict, True)  # unloaded on purpose does not count (Triton #7588)
 
     assert requests.post(f"{base}/broken/load", timeout=60).status_code == 400
@@ -141,10 +136,11 @@ def test_poll_mode_follows_the_repository(tmp_path: Path, strict: bool,
     server_box.append(server)
     expect(server, strict, True)
     add_model(repo, "bad_init", "bad_init", IO)
-    wait_until(lambda: state(server, "bad_init")[0] == "UNAVAILABLE")
+    wait_until(lambda: state(server, "bad_init")[0] == "UNAVAILABLE", "bad_init failed", 60.0)
     expect(server, strict, False)
     shutil.rmtree(repo / "bad_init")
-    wait_until(lambda: state(server, "bad_init") == ("", ""))  # gone, and no longer held
+    # gone, and no longer held
+    wait_until(lambda: state(server, "bad_init") == ("", ""), "bad_init gone", 60.0)
     expect(server, strict, True)
 
 
@@ -162,7 +158,7 @@ def test_an_instance_process_that_dies_is_not_ready_until_restarted(
     assert reply.status_code != 200
     # The death is known before its answer leaves; a new process takes a moment to start.
     expect(server, strict, False)
-    wait_until(lambda: http_ready(server))
+    wait_until(lambda: http_ready(server), "ready again", 60.0)
     expect(server, strict, True)
 
 
