@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -20,18 +19,13 @@ import requests
 import tritonclient.http as httpclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.e2e.proxies import free_port
 from tests.server_process import TritiumProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "src" / "tritium" / "example_repository"
 ANCHOR = ROOT.parent / "shared" / "anchors" / "triton"
 SAMPLE = re.compile(r"^(\w+)(\{[^}]*\})? (\S+)$")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_triton(repository: Path, interval_ms: int, run_dir: Path) -> dict[str, int]:
