@@ -25,8 +25,6 @@ from tritium.execution.placement import ThreadPlacement, install
 from tritium.repository.manager import ControlMode
 from tritium.tls import TlsError, TlsSettings, server_context
 
-_bool = triton_bool
-
 
 def _port(text: str) -> int:
     port = int(text)
@@ -112,10 +110,10 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
     add("--grpc-port", type=_port, default=8001, help="0 picks a free port")
     add("--metrics-address", default=None, help="defaults to --http-address")
     add("--metrics-port", type=_port, default=8002, help="0 picks a free port")
-    add("--allow-http", type=_bool, default=True)
-    add("--allow-grpc", type=_bool, default=True)
-    add("--allow-metrics", type=_bool, default=True)
-    add("--allow-client-shm", type=_bool, default=False,
+    add("--allow-http", type=triton_bool, default=True)
+    add("--allow-grpc", type=triton_bool, default=True)
+    add("--allow-metrics", type=triton_bool, default=True)
+    add("--allow-client-shm", type=triton_bool, default=False,
         help="let clients register system shared memory regions (/v2/systemsharedmemory, "
              "SystemSharedMemory*) and pass tensors through them")
     add("--client-shm-key-prefix", default="",
@@ -222,8 +220,8 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
             metavar="REGEX", help=f"{name} request headers whose names match (anywhere, "
             "ignoring case unless it starts with (?-i)) reach the model as request "
             "parameters")
-        add(f"--{proto}-use-ssl", type=_bool, default=False, help=f"serve {name} over TLS")
-        add(f"--{proto}-use-ssl-mutual", type=_bool, default=False,
+        add(f"--{proto}-use-ssl", type=triton_bool, default=False, help=f"serve {name} over TLS")
+        add(f"--{proto}-use-ssl-mutual", type=triton_bool, default=False,
             help=f"serve {name} over TLS and require a client certificate signed by "
                  f"--{proto}-root-cert (implies --{proto}-use-ssl)")
         add(f"--{proto}-server-cert", type=Path, default=None, help="PEM server certificate")
