@@ -16,7 +16,6 @@ other models' work keeps its turns.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import os
@@ -24,13 +23,16 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tritium.core.cancellation import Cancellation
 from tritium.execution.process import messages as msg
 from tritium.execution.process.codec import FrameError, FrameReader, decode, encode
 from tritium.execution.process.messages import EMPTY, Packed
 from tritium.execution.process.shm import ArenaReader, ArenaWriter
+
+if TYPE_CHECKING:
+    import asyncio  # the child's end needs it only for an async model's calls
 
 FDS_ENV = "TRITIUM_PROCESS_FDS"  # the child's descriptors: socket, arena in, arena out, flags
 _READ_SIZE = 1 << 18
@@ -279,6 +281,8 @@ class Call:
         raise CallFailed("the call ended without a final reply")
 
     async def _arrived(self) -> None:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         while True:
             with self._link.condition:

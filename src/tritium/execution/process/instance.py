@@ -147,9 +147,8 @@ class ProcessInstance:
                                       self._on_broken)
         self._loop.create_task(self._watch(self._process))
         placement = placement_module.current()
-        self._channel.send(msg.Init(self.info, self.config.SerializeToString(),
-                                    DEFAULT_CAPACITY, arena.ring_bytes, self._flags.slots,
-                                    sorted(placement.everywhere)))
+        self._channel.send(msg.Init(self.info, DEFAULT_CAPACITY, arena.ring_bytes,
+                                    self._flags.slots, sorted(placement.everywhere)))
         await asyncio.shield(self._ready)
 
     def submit(self, batch: list[AdmittedRequest]) -> None:

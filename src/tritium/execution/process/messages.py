@@ -101,8 +101,7 @@ class Released:
 @message(1)
 @dataclass(frozen=True, slots=True)
 class Init:
-    info: InstanceInfo
-    config: bytes  # the ModelConfig, serialized
+    info: InstanceInfo  # its config_json is all the child reads of the config: no protobuf
     arena_bytes: int
     ring_bytes: int
     slots: int
