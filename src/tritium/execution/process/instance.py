@@ -279,6 +279,11 @@ class ProcessInstance:
             pending = self._pending.get(released.slot)
             if pending is not None:
                 pending.request.release_flags = released.flags
+        for slot in done.unstarted:  # cancelled while the batch waited in the process
+            pending = self._pending.get(slot)
+            if pending is not None:
+                pending.final = True
+                end_unstarted(pending.request)
         entry = self._batches.get(done.batch_id)
         traces = None if entry is None else traces_of(entry.batch)
         if traces is not None:

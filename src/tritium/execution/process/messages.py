@@ -168,12 +168,14 @@ class Responses:
 @message(13)
 @dataclass(frozen=True, slots=True)
 class Done:
-    """A batch's execute returned, with the responses it returned."""
+    """A batch's execute returned, with the responses it returned; ``unstarted``: the
+    slots of its requests cancelled before it began (they never reached execute)."""
 
     batch_id: int
     elapsed_ns: int
     responses: list[ResponseBody]
     released: list[Released]
+    unstarted: list[int]
 
 
 @message(14)

@@ -84,11 +84,13 @@ class ChildRequest:
 class _Batch:
     """A batch the server sent: its id (DONE names it) and its requests."""
 
-    __slots__ = ("batch_id", "requests")
+    __slots__ = ("batch_id", "requests", "unstarted")
 
-    def __init__(self, batch_id: int, requests: list[ChildRequest]) -> None:
+    def __init__(self, batch_id: int, requests: list[ChildRequest],
+                 unstarted: list[int] | None = None) -> None:
         self.batch_id = batch_id
         self.requests = requests
+        self.unstarted = unstarted or []
 
 
 class InstanceServer:
@@ -162,17 +164,31 @@ class InstanceServer:
                 self._server_gone()
             message = inbox.popleft()
             if type(message) is msg.Execute:
-                requests = self.requests(message)
-                self._runner.run(_Batch(message.batch_id, requests), requests)
+                batch = self._batch(message)
+                self._runner.run(batch, batch.requests)
             elif type(message) is msg.Stop:
                 return
             elif message is msg.GONE:
                 self._server_gone()
 
+    def _batch(self, execute: msg.Execute) -> _Batch:
+        """The batch ``execute`` names, less the requests cancelled while it waited here
+        (the server sends a batch before the previous one is done): a queued request
+        never reaches execute once its client has gone."""
+        requests = self.requests(execute)
+        unstarted: list[int] = []
+        for request in requests:
+            if request.cancellation.is_cancelled():
+                unstarted.append(request.slot)
+        if unstarted:
+            requests = [r for r in requests if r.slot not in unstarted]
+        return _Batch(execute.batch_id, requests, unstarted)
+
     def _batch_done(self, batch: _Batch, elapsed: int, woken: object) -> None:
         # What execute delivered after the model's own sends leaves with DONE, one frame.
         deferred, self._deferred = self._deferred, []
-        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests)))
+        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests),
+                                 batch.unstarted))
 
     # -- async def execute ---------------------------------------------------
     def serve_async(self) -> None:
@@ -192,8 +208,8 @@ class InstanceServer:
 
     def _on_async(self, message: Any) -> None:
         if type(message) is msg.Execute:
-            requests = self.requests(message)
-            self._runner.start_async(_Batch(message.batch_id, requests), requests)
+            batch = self._batch(message)
+            self._runner.start_async(batch, batch.requests)
         elif type(message) is msg.Stop:
             assert self._loop is not None
             self._loop.stop()
