@@ -11,9 +11,12 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from tests.unit.admitted import admit
 from tritium.core.errors import TritiumError
-from tritium.core.request import AdmittedRequest, InferenceRequest
+from tritium.core.request import SEQUENCE_END, SEQUENCE_START, AdmittedRequest, InferenceRequest
+from tritium.scheduling.clock import ManualClock
+from tritium.scheduling.policy import SchedulerPolicy, SequencePolicy
 from tritium.scheduling.rate_limiter import Gate, RateLimiter
 from tritium.scheduling.resources import GLOBAL, ResourceNeed, ResourcePool
+from tritium.scheduling.sequences import SequenceScheduler
 
 
 def needs(*entries: tuple[str, int] | tuple[str, int, bool]) -> list[ResourceNeed]:
@@ -200,3 +203,44 @@ def test_warmup_batches_pass_through_without_resources() -> None:
     assert done == ["a"] and g["a"].runs == 0
     g["a"].submit(batch())
     assert ran == ["a"]
+
+
+# -- behind a scheduler ----------------------------------------------------------------
+class Recording:
+    def __init__(self) -> None:
+        self.batches: list[list[AdmittedRequest]] = []
+
+    def submit(self, batch: list[AdmittedRequest]) -> None:
+        self.batches.append(batch)
+
+
+def sequence_request(name: str, correlation_id: int, flags: int) -> AdmittedRequest:
+    return admit(InferenceRequest(model_name="acc", inputs={}, id=name,
+                                  correlation_id=correlation_id, flags=flags))
+
+
+def test_sequence_schedulers_take_turns_on_a_shared_resource() -> None:
+    limiter = RateLimiter()
+    one = rate_limiter_config('resources [ { name: "R" count: 1 } ]')
+    schedulers: list[SequenceScheduler] = []
+    instances: list[tuple[Gate, Recording]] = []
+    for name in ("a", "b"):
+        policy = SchedulerPolicy(sequence=SequencePolicy(max_idle_us=1_000_000))
+        scheduler = SequenceScheduler(name, 1, policy, clock=ManualClock())
+        gate, recording = limiter.gate(f"{name}_0", 0, one), Recording()
+        gate.instance, gate.target = recording, scheduler.batch_done
+        scheduler.add_instances([gate])
+        schedulers.append(scheduler)
+        instances.append((gate, recording))
+    for scheduler in schedulers:
+        scheduler.enqueue(sequence_request(f"{scheduler.model_name}1", 7, SEQUENCE_START))
+        scheduler.enqueue(sequence_request(f"{scheduler.model_name}2", 7, SEQUENCE_END))
+    ran: list[str] = []
+    for _ in range(4):
+        running = [(g, r) for g, r in instances if len(r.batches) > g.runs]
+        assert len(running) == 1, "one R: one instance at a time"
+        gate, recording = running[0]
+        ran.append(recording.batches[-1][0].request.id)
+        gate.finished(None, recording.batches[-1], 1000)
+    assert ran == ["a1", "b1", "a2", "b2"]  # each sequence in order, the two alternating
+    assert all(s.is_idle() for s in schedulers)
