@@ -127,12 +127,16 @@ class RateLimiter:
         self._allocate()
 
     def stage(self, gate: Gate) -> None:
+        if not self._staged and not self._allocating and self.pool.try_take(gate):
+            gate.run()  # first in line, and what it needs is free
+            return
         heapq.heappush(self._staged, (gate.weighting, next(self._order), gate))
         self._allocate()
 
     def release(self, gate: Gate) -> None:
         self.pool.give_back(gate)
-        self._allocate()
+        if self._staged:
+            self._allocate()
 
     def staged(self) -> list[str]:
         """The staged instances' names, first to run first."""
