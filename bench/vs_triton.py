@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -34,6 +35,8 @@ from pathlib import Path
 import uvloop
 
 BENCH = Path(__file__).resolve().parent
+EXAMPLE_IDENTITY = (BENCH.parent / "src" / "tritium" / "example_repository" / "identity" / "1"
+                    / "model.py")
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 import grpc_infer  # noqa: E402
@@ -52,8 +55,11 @@ def build(repo: Path, turns: int) -> None:
     batched = ('backend: "python"\nmax_batch_size: 8\n'
                + _tensor("input", "INPUT0", "FP32", "-1")
                + _tensor("output", "OUTPUT0", "FP32", "-1"))
-    add_model(repo, "identity", "identity",
-              batched + "instance_group [{ count: 1 kind: KIND_CPU }]\n")
+    model = add_model(repo, "identity", "identity",
+                      batched + "instance_group [{ count: 1 kind: KIND_CPU }]\n")
+    # The bundled example's model: the zoo's identity asks triton_dtype(), which Triton
+    # 2.51's binding cannot return for every type.
+    shutil.copy(EXAMPLE_IDENTITY, model / "1" / "model.py")
     add_model(repo, "busy", "busy", batched + _parameter("iterations", str(turns))
               + "instance_group [{ count: 2 kind: KIND_CPU }]\n")
 
