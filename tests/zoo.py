@@ -165,6 +165,16 @@ def add_sequence_models(repo: Path, record_dir: Path) -> None:
               + SEQUENCE_CONTROLS + "}\n"
               + "instance_group [{ count: 2 kind: KIND_CPU }]\n" + SEQUENCE_IO
               + _parameter("record_file", f"{record_dir}/sequence_accumulator.jsonl"))
+    # Direct strategy with batch slots (tests/models/slot_sum.py): one instance, 4 slots.
+    slots = ("max_batch_size: 4\nsequence_batching {\n  max_sequence_idle_microseconds: "
+             "10000000\n" + SEQUENCE_CONTROLS)
+    add_model(repo, "sequence_slots", "slot_sum",
+              slots + "  direct {}\n}\n" + SEQUENCE_IO
+              + _parameter("record_file", f"{record_dir}/sequence_slots.jsonl"))
+    add_model(repo, "sequence_slots_delayed", "slot_sum",
+              slots + "  direct { max_queue_delay_microseconds: 3000000 "
+              "minimum_slot_utilization: 0.5 }\n}\n" + SEQUENCE_IO
+              + _parameter("record_file", f"{record_dir}/sequence_slots_delayed.jsonl"))
     # Releases a sequence after 0.3 s without a request; no control inputs.
     add_model(repo, "sequence_idle", "accumulator",
               "sequence_batching { max_sequence_idle_microseconds: 300000 }\n" + SEQUENCE_IO

@@ -106,6 +106,14 @@ class OldestPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class DirectPolicy:
+    """``sequence_batching.direct``: when a batch of a model's slots may wait for more."""
+
+    max_queue_delay_us: int = 0
+    minimum_slot_utilization: float = 0.0  # with no delay, or 0: a batch never waits
+
+
+@dataclass(frozen=True, slots=True)
 class SequencePolicy:
     """A model's ``sequence_batching`` settings."""
 
@@ -115,6 +123,7 @@ class SequencePolicy:
     # its own, and the model may reschedule the requests it executes.
     iterative: bool = False
     oldest: OldestPolicy | None = None  # None: the direct strategy
+    direct: DirectPolicy = DirectPolicy()
     states: tuple[ImplicitState, ...] = ()
 
     @classmethod
@@ -138,11 +147,14 @@ class SequencePolicy:
                                   tuple(settings.preferred_batch_size),
                                   settings.max_queue_delay_microseconds,
                                   settings.preserve_ordering)
+        direct = DirectPolicy(message.direct.max_queue_delay_microseconds,
+                              message.direct.minimum_slot_utilization)
         return cls(
             max_idle_us=message.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_US,
             controls=tuple(controls),
             iterative=message.iterative_sequence,
             oldest=oldest,
+            direct=direct,
             states=implicit_states(message, max_batch_size, model_dir),
         )
 
