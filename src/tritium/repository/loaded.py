@@ -27,7 +27,6 @@ from tritium.repository.warmup import WarmupRoute, warm_up, warmup_samples
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
 from tritium.scheduling.sequence_direct import DirectSequenceScheduler
 from tritium.scheduling.sequence_oldest import OldestSequenceScheduler
-from tritium.scheduling.sequences import SequenceScheduler
 
 log = logging.getLogger("tritium.repository")
 
@@ -218,7 +217,5 @@ def _scheduler(name: str, version: int, config: Any, decoupled: bool, model_dir:
     if policy.sequence is not None:
         if policy.sequence.oldest is not None:
             return OldestSequenceScheduler(name, version, policy, decoupled)
-        if policy.max_batch_size > 0:
-            return DirectSequenceScheduler(name, version, policy, decoupled)
-        return SequenceScheduler(name, version, policy, decoupled)
+        return DirectSequenceScheduler(name, version, policy, decoupled)
     return ModelScheduler(name, version, policy, decoupled)

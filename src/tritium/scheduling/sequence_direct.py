@@ -1,10 +1,11 @@
-"""Sequence scheduler, direct strategy of a batching model: one batch slot per sequence.
+"""Sequence scheduler, direct strategy (Triton's default): one batch slot per sequence.
 
-As Triton's DirectSequenceBatch: each instance has ``max_batch_size`` slots (here *lanes*,
-to keep apart from ``sequences._Slot``, which is an instance). A new sequence takes the
-free lane with the lowest index over all instances and keeps it until its END request has
-run (or it is released idle or cancelled); with no lane free it waits in the backlog, its
-requests queued, and takes the first lane that frees, oldest sequence first.
+As Triton's DirectSequenceBatch: each instance has ``max_batch_size`` slots, or one for a
+model that does not batch (here *lanes*, to keep apart from ``sequences._Slot``, which is
+an instance). A new sequence takes the free lane with the lowest index over all instances
+and keeps it until its END request has run (or it is released idle or cancelled); with no
+lane free it waits in the backlog, its requests queued, and takes the first lane that
+frees, oldest sequence first.
 
 A batch holds, for lanes 0 to the highest lane with a queued request, that lane's oldest
 request, or where a lane has none a padding request: a copy of the batch's first real
@@ -91,7 +92,7 @@ class _Padded:
 
 
 class DirectSequenceScheduler(SequenceScheduler):
-    """``SequenceScheduler`` with the direct strategy's batch slots (``max_batch_size`` > 0)."""
+    """``SequenceScheduler`` with the direct strategy's batch slots."""
 
     def __init__(self, model_name: str, version: int, policy: SchedulerPolicy,
                  decoupled: bool = False, clock: Clock | None = None):
@@ -300,9 +301,10 @@ class DirectSequenceScheduler(SequenceScheduler):
                 queue.popleft()
                 self._drop_ended(request, sequence)
             elif request.cancellation.reason is not None:
-                # Cancelled on another thread: its callback, on its way, unqueues it and
-                # its sequence's other requests; the lane is padded meanwhile.
-                return None
+                # Cancelled on another thread; its callback has not reached us yet. What
+                # it frees is dispatched from the loop, not from inside this batch.
+                SequenceScheduler.request_cancelled(self, request)
+                self._window.arm(self._clock.now_ns())
             else:
                 return request
         return None
