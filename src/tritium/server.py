@@ -137,7 +137,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
         create_ensemble=create_ensemble, load_concurrency=config.model_load_thread_count,
         load_retries=config.model_load_retry_count, response_cache=cache,
-        config_name=config.model_config_name,
+        config_name=config.model_config_name, namespacing=config.model_namespacing,
     )
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
                                config.server_id, config.strict_readiness,

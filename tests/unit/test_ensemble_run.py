@@ -70,6 +70,8 @@ class Repository:
             raise TritiumError(ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}'")
         return self.models[name]
 
+    resolve_member = resolve
+
 
 def serve(repository: Repository, loop: asyncio.AbstractEventLoop) -> InferenceService:
     # Only ``resolve`` of the ModelRepository protocol is used by what these tests do.

@@ -92,7 +92,7 @@ class EnsembleModel:
         for step in self.plan.steps:
             version = None if step.model_version < 0 else step.model_version
             try:
-                if self.service.model(step.model_name, version).decoupled:
+                if self.service.member_model(step.model_key, version).decoupled:
                     return True
             except TritiumError:
                 continue  # validation at load refuses a missing model; a request will too
@@ -104,8 +104,8 @@ class EnsembleModel:
         restarting is not): a request now would wait or fail in that step."""
         if not self.accepting:
             return False
-        model_ready = self.service.model_ready
-        return all(model_ready(step.model_name,
+        member_ready = self.service.member_ready
+        return all(member_ready(step.model_key,
                                None if step.model_version < 0 else step.model_version)
                    for step in self.plan.steps)
 

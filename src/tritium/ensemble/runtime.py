@@ -169,7 +169,7 @@ class EnsembleRun:
         version = None if step.model_version < 0 else step.model_version
         cancellation = Cancellation.following(self._service.loop, (self._steps_cancellation,))
         try:
-            model = self._service.model(step.model_name, version)
+            model = self._service.member_model(step.model_key, version)
             child, batch = self._child_request(model, run, inputs)
             stream = self._service.submit(child, cancellation, allow_decoupled=True,
                                           internal=True, model=model)
