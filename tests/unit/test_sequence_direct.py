@@ -46,11 +46,11 @@ def make(instances: int = 1, max_batch_size: int = 4, direct: DirectPolicy | Non
 
 
 def request(name: str, correlation_id: int, flags: int = 0, value: float = 1.0,
-            clock: ManualClock | None = None) -> AdmittedRequest:
-    data = np.array([[value]], dtype=np.float32)
+            clock: ManualClock | None = None, width: int = 1) -> AdmittedRequest:
+    data = np.full((1, width), value, dtype=np.float32)
     decoded = InferenceRequest(model_name="direct", id=name, correlation_id=correlation_id,
                                flags=flags,
-                               inputs={"IN": Tensor("IN", DataType.FP32, (1, 1), data)})
+                               inputs={"IN": Tensor("IN", DataType.FP32, (1, width), data)})
     return admit(decoded, arrival_ns=None if clock is None else clock.now_ns())
 
 
@@ -201,3 +201,23 @@ def test_a_rescheduled_request_runs_again_in_its_lane() -> None:
     assert lanes(i0.batches[-1]) == ["a", "b"]  # a again, in lane 0, beside b
     finish(scheduler, i0)  # neither rescheduled: both sequences end
     assert scheduler.is_idle() and len(i0.batches) == 2
+
+
+def test_a_request_of_another_shape_waits_and_its_slot_is_padded() -> None:
+    """Triton's direct batcher with an input of variable size that is not ragged: a slot
+    whose request's shape differs from the batch's first request gets padding this time."""
+    clock = ManualClock()
+    policy = SchedulerPolicy(max_batch_size=4, equal_shape_inputs=("IN",),
+                             sequence=SequencePolicy(controls=CONTROLS))
+    scheduler = DirectSequenceScheduler("direct", 1, policy, clock=clock)
+    i0 = FakeInstance("i0")
+    scheduler.add_instances([i0])
+    scheduler.enqueue(request("hold", 9, START))
+    scheduler.enqueue(request("a", 1, START, width=2))
+    scheduler.enqueue(request("b", 2, START, width=3))
+    scheduler.enqueue(request("c", 3, START, width=2))
+    finish(scheduler, i0)
+    assert lanes(i0.batches[-1]) == ["-", "a", "-", "c"]
+    assert i0.batches[-1][0].request.inputs["IN"].shape == (1, 2)  # shaped as the first
+    finish(scheduler, i0)
+    assert lanes(i0.batches[-1]) == ["-", "-", "b"]

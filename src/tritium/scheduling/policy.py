@@ -195,6 +195,11 @@ class SchedulerPolicy:
     priority_queue_policies: tuple[tuple[int, QueuePolicy], ...] = ()
     # Set for a stateful model (``sequence_batching``): the sequence scheduler serves it.
     sequence: SequencePolicy | None = None
+    # As Triton's batchers: the inputs whose shape every request of a batch shares (a
+    # variable dimension, no ``allow_ragged_batch``), and whether the model has optional
+    # inputs (then the requests of a batch carry the same inputs).
+    equal_shape_inputs: tuple[str, ...] = ()
+    optional_inputs: bool = False
 
     def level_policies(self) -> list[QueuePolicy]:
         """The queue policy of each level, highest priority (Triton's level 1) first."""
@@ -220,10 +225,11 @@ class SchedulerPolicy:
     def from_config(cls, config: Any, model_dir: Path | None = None) -> SchedulerPolicy:
         """From a completed ``ModelConfig`` protobuf message (``model_dir``: where a
         sequence's initial state files are)."""
+        shapes = _batch_shapes(config)
         if config.HasField("sequence_batching"):
             sequence = SequencePolicy.from_config(config.sequence_batching, config.name,
                                                   config.max_batch_size, model_dir)
-            return cls(max_batch_size=config.max_batch_size, sequence=sequence)
+            return cls(max_batch_size=config.max_batch_size, sequence=sequence, **shapes)
         if not config.HasField("dynamic_batching"):
             return cls(max_batch_size=config.max_batch_size)
         batching = config.dynamic_batching
@@ -241,4 +247,14 @@ class SchedulerPolicy:
             default_priority=batching.default_priority_level,
             default_queue_policy=QueuePolicy.from_config(batching.default_queue_policy),
             priority_queue_policies=per_level,
+            **shapes,
         )
+
+
+def _batch_shapes(config: Any) -> dict[str, Any]:
+    """``SchedulerPolicy``'s shape rule fields, from the config's inputs (Triton's
+    ``enforce_equal_shape_tensors``: python models have no shape tensors)."""
+    equal = tuple(tensor.name for tensor in config.input
+                  if -1 in tensor.dims and not tensor.allow_ragged_batch)
+    return {"equal_shape_inputs": equal,
+            "optional_inputs": any(tensor.optional for tensor in config.input)}

@@ -31,6 +31,7 @@ from tritium.core.errors import invalid
 from tritium.core.request import AdmittedRequest, InferenceRequest, RequestStage
 from tritium.core.response import ResponseStream
 from tritium.core.types import DataType, Tensor
+from tritium.scheduling.batcher import EqualInputs
 from tritium.scheduling.clock import Clock
 from tritium.scheduling.implicit_state import zeros
 from tritium.scheduling.policy import ControlKind, SchedulerPolicy, SequenceControl
@@ -110,6 +111,7 @@ class DirectSequenceScheduler(SequenceScheduler):
                        | {state.input_name for state in self._states})
         self._padding_controls = [(control, _padding_value(control))
                                   for control in self._controls]
+        self._equal_inputs = EqualInputs.of(policy)
 
     # -- instances ---------------------------------------------------------------
     def add_instances(self, instances: Sequence[Instance]) -> None:
@@ -266,6 +268,10 @@ class DirectSequenceScheduler(SequenceScheduler):
         if not ready or self._must_wait(ready):
             return
         last = max(index for index, request in enumerate(fronts) if request is not None)
+        if self._equal_inputs is not None:
+            # As Triton: a request that does not fit the batch's first waits, its lane padded.
+            fronts = self._fitting(fronts, ready[0])
+            ready = [request for request in fronts if request is not None]
         batch: list[AdmittedRequest] = []
         for lane, request in zip(slot.lanes[:last + 1], fronts, strict=False):
             if request is None:
@@ -287,6 +293,13 @@ class DirectSequenceScheduler(SequenceScheduler):
             return False
         self._window.arm(due_ns + 1)
         return True
+
+    def _fitting(self, fronts: list[AdmittedRequest | None], first: AdmittedRequest
+                 ) -> list[AdmittedRequest | None]:
+        assert self._equal_inputs is not None
+        fits, inputs = self._equal_inputs.fits, first.request.inputs
+        return [request if request is None or fits(inputs, request.request.inputs) else None
+                for request in fronts]
 
     def _front(self, lane: _Lane) -> AdmittedRequest | None:
         """The lane's oldest live request; drops those that left the queue."""
