@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
@@ -102,9 +103,21 @@ def test_the_index_lists_the_models_of_every_repository(server: TritiumProcess) 
     assert client(server, "http").is_server_ready()
 
 
+def test_metrics_label_each_model_with_its_repository(server: TritiumProcess) -> None:
+    """As Triton's L0_metrics namespacing test: a ``namespace`` label, the repository."""
+    text = requests.get(server.metrics_url, timeout=10).text
+    for repo in (server.repository, server.repository.parent / "subadd_repo"):
+        assert f'namespace="{repo}"' in text
+    series = [line.split(" ")[0] for line in text.splitlines()
+              if line.startswith("nv_inference_request_success{")
+              and 'model="composing_model"' in line]
+    assert len(series) == len(set(series)) == 2
+
+
 def test_without_the_flag_a_shared_name_does_not_load(tmp_path: Path) -> None:
     process = serve(tmp_path, "--strict-readiness=false")
     try:
+        assert 'namespace="' not in requests.get(process.metrics_url, timeout=10).text
         index = client(process, "http").get_model_repository_index()
         states = {row["name"]: (row.get("state"), row.get("reason")) for row in index}
         assert states["composing_model"] == ("UNAVAILABLE",

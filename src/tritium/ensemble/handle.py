@@ -75,6 +75,7 @@ class EnsembleModel:
         self.config = config
         self.config_json: dict[str, Any] = config_to_json(config)
         self.load_seconds = 0.0
+        self.namespace = ""  # its repository, under --model-namespacing (a metrics label)
         self.accepting = True
         self._stats = ModelStatistics()
         if self.decoupled and config.response_cache.enable:

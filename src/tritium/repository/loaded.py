@@ -62,6 +62,7 @@ class LoadedModel:
         self.instances: list[Instance] = []
         self.cache = cache_for(config, response_cache, version, self.scheduler.stats)
         self.load_seconds = 0.0
+        self.namespace = ""  # its repository, under --model-namespacing (a metrics label)
         # Admitted requests whose final response has not been sent: what an unload waits
         # for. (The service's own set holds them too: a shutdown asks about every model.)
         self._admitted: InFlight[AdmittedRequest] = InFlight()

@@ -391,6 +391,8 @@ class ModelManager(DependencyRules):
         for attempt in range(self.load_retries + 1):
             try:
                 model = self._new_version(model_dir, version, config)
+                if self.namespacing:
+                    model.namespace = self._namespace_of(name, model_dir)
                 await self._start_in_slot(model)
             except Exception as exc:
                 reason = _reason(exc)
@@ -402,6 +404,15 @@ class ModelManager(DependencyRules):
                 return reason
             return model
         raise AssertionError("unreachable: the last try returns")
+
+    def _namespace_of(self, key: str, model_dir: Path) -> str:
+        """Triton's namespace of a model: the repository it was found in."""
+        if NAMESPACE_SEPARATOR in key:
+            return key.partition(NAMESPACE_SEPARATOR)[2]
+        for repository in self.repositories:
+            if model_dir.parent == repository or (repository / key).is_dir():
+                return str(repository)
+        return ""
 
     async def _start_in_slot(self, model: ServedVersion) -> None:
         if self._load_slots is None:
