@@ -12,7 +12,8 @@ One server, one repository, every model choosing its kind with TRITIUM_INSTANCE_
   6. an unrelated small (thread-kind identity) model's latency while 2 instances of the
      pure-Python model are saturated, vs idle: process kind, then thread kind.
 
-    python bench/process_instances.py [--seconds 2] [--trials 30] [-- tritium serve flags]
+    python bench/process_instances.py [--seconds 2] [--trials 30] [--idle-only]
+                                      [-- tritium serve flags]
 """
 
 from __future__ import annotations
@@ -248,6 +249,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--idle-only", action="store_true",
+                        help="print the idle RSS/PSS (4.) only, and stop")
     parser.add_argument("server_args", nargs="*",
                         help="extra `tritium serve` flags, after --, e.g. -- "
                              "--python-threads-core none")
@@ -263,6 +266,8 @@ def main() -> None:
         try:
             print("4. idle instance processes (before any load)", flush=True)
             print("\n".join(rss_lines(server)), flush=True)
+            if args.idle_only:
+                return
             parallel(server, args.seconds)
             identity(server, args.seconds)
             print("3. request.is_cancelled() inside execute(), ns per call (loop cost "

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tritium.core.cancellation import Cancellation, CancelReason
+from tritium.core.cancellation import Cancellation, CancelReason, running_loop
 from tritium.core.errors import ErrorCode
 
 Loop = asyncio.AbstractEventLoop
@@ -246,3 +246,17 @@ def test_reasons_map_to_client_errors() -> None:
     assert "timeout" in CancelReason.DEADLINE.to_error().message
     assert CancelReason.CLIENT_CANCELLED.to_error().code is ErrorCode.CANCELLED
     assert CancelReason.SHUTDOWN.to_error().code is ErrorCode.UNAVAILABLE
+
+
+def test_running_loop_is_the_threads_own_and_none_elsewhere() -> None:
+    seen: list[object] = []
+
+    def scenario(loop: Loop) -> None:
+        seen.append(running_loop() is loop)
+        worker = threading.Thread(target=lambda: seen.append(running_loop()))
+        worker.start()
+        worker.join()
+
+    on_a_loop(scenario)
+    assert seen == [True, None]
+    assert running_loop() is None

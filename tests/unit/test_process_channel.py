@@ -211,7 +211,7 @@ def test_an_oversized_frame_is_refused_before_it_is_buffered() -> None:
 def test_a_message_of_the_wrong_shape_is_refused() -> None:
     import msgpack
 
-    body = msgpack.packb([13, "not a batch id", 0, [], []])
+    body = msgpack.packb([13, "not a batch id", 0, [], [], []])
     broken = _hostile(lambda sock: sock.sendall(len(body).to_bytes(4, "little") + body))
     assert broken and "expected int" in broken[0]
 

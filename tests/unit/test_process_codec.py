@@ -16,8 +16,8 @@ from tritium.execution.process.codec import FrameError, FrameReader, convert, de
 
 PACKED = msg.Packed(128, [msg.TensorDesc("INPUT0", 8, (2, 3), 0, 24)])
 MESSAGES: list[Any] = [
-    msg.Init(InstanceInfo("m", 1, "/r/m", "{}", "m_0", "CPU", 0), b"\x08\x01", 1 << 30,
-             1 << 20, 64, [0, 1]),
+    msg.Init(InstanceInfo("m", 1, "/r/m", "{}", "m_0", "CPU", 0), 1 << 30, 1 << 20, 64,
+             [0, 1]),
     msg.Execute(7, [msg.RequestDesc(3, "id", "seq-1", 0, 0, {"p": 1.5, "q": True}, None,
                                     "m", 1)], PACKED),
     msg.Stop(),
@@ -27,7 +27,7 @@ MESSAGES: list[Any] = [
     msg.InitFailed(msg.ErrorBody("INTERNAL", "boom")),
     msg.Responses([msg.ResponseBody(3, True, parameters={"a": "b"}, tensors=PACKED)]),
     msg.Done(7, 1000, [msg.ResponseBody(3, False, error=msg.ErrorBody("INTERNAL", "x"))],
-             [msg.Released(3, 2)]),
+             [msg.Released(3, 2)], [4]),
     msg.Call(9, "bls.exec", None, msg.Packed(-1, [], b"inline"), [3]),
     msg.CallCancel(9),
     msg.Stopped(),

@@ -269,6 +269,7 @@ class ScriptedProcess:
         self.returncode: int | None = None
         self.batches: list[list[AdmittedRequest]] = []
         self.stopped = False
+        self.is_async = False
         self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     async def start(self) -> None:
@@ -577,3 +578,36 @@ def test_a_child_whose_parent_is_already_gone_exits_at_once() -> None:
     """)
     assert done.returncode == 1 and "still here" not in done.stdout
     assert "the server is gone" in done.stderr
+
+
+@run_async
+async def test_a_batch_for_the_spare_place_of_a_dead_process_waits_for_the_next_one() -> None:
+    """A process instance takes two batches at once; when its process dies with one, the
+    scheduler may still hand it another (its spare place): that one is not failed, it is
+    given to the restarted process."""
+    loop = asyncio.get_running_loop()
+    slot = Slot()
+    await slot.instance.start()
+    assert slot.instance.depth == 2
+    first = [_request(loop, "a")]
+    slot.instance.submit(first)
+    slot.processes[0].die(-signal.SIGKILL)
+    await asyncio.sleep(0.001)
+    second = [_request(loop, "b")]
+    slot.instance.submit(second)
+    assert not second[0].stream._items
+    await slot.wait_restarted(1)
+    assert slot.processes[1].batches == [second]
+    slot.processes[1].answer(second)
+    assert slot.done == [(first, -1), (second, 1000)]
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+
+
+@run_async
+async def test_a_slot_that_kills_after_a_cancel_takes_one_batch_at_a_time() -> None:
+    slot = Slot(kill_after=1.0)
+    await slot.instance.start()
+    assert slot.instance.depth == 1
+    slot.instance.stop()
+    await slot.instance.wait_stopped()

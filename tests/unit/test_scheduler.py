@@ -292,3 +292,74 @@ def test_executing_request_is_never_timed_out() -> None:
     busy = instance.batches[0][0]
     clock.advance(500 * MS)
     assert not busy.cancellation.is_cancelled()
+
+
+class DeepInstance(FakeInstance):
+    """An instance that takes two batches at once (as a process instance does)."""
+
+    depth = 2
+
+
+def test_a_deep_instance_takes_a_second_batch_while_the_first_runs() -> None:
+    scheduler = ModelScheduler("m", 1, SchedulerPolicy())
+    instance = DeepInstance("i0")
+    scheduler.add_instances([instance])
+    a, b, c = request("a"), request("b"), request("c")
+    for r in (a, b, c):
+        scheduler.enqueue(r)
+    # b waits at the instance and counts as queued until a is done.
+    assert ids(instance) == [["a"], ["b"]] and c.stage is RequestStage.QUEUED
+    assert (scheduler.stats.pending, scheduler.stats.executing) == (2, 1)
+    scheduler.batch_done(instance, [a], 1000)
+    assert ids(instance) == [["a"], ["b"], ["c"]]
+    assert (scheduler.stats.pending, scheduler.stats.executing) == (1, 1)
+
+
+def test_a_request_cancelled_while_it_waits_at_a_deep_instance_counts_as_queued() -> None:
+    scheduler = ModelScheduler("m", 1, SchedulerPolicy())
+    instance = DeepInstance("i0")
+    scheduler.add_instances([instance])
+    a, b = request("a"), request("b")
+    scheduler.enqueue(a)
+    scheduler.enqueue(b)
+    b.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+    scheduler.request_cancelled(b)
+    scheduler.request_cancelled(b)  # idempotent
+    assert scheduler.stats.cancellations[("CLIENT_DISCONNECTED", "queued")] == 1
+    assert scheduler.stats.pending == 0
+    scheduler.batch_done(instance, [a], 1000)  # b "begins": it was skipped
+    assert scheduler.stats.executing == 0
+    scheduler.batch_done(instance, [b], -1)  # the instance reports it unstarted
+    assert (scheduler.stats.pending, scheduler.stats.executing) == (0, 0)
+    assert scheduler.is_idle()
+
+
+def test_a_free_instance_is_chosen_before_a_busy_ones_spare_place() -> None:
+    scheduler = ModelScheduler("m", 1, SchedulerPolicy())
+    first, second = DeepInstance("i0"), DeepInstance("i1")
+    scheduler.add_instances([first, second])
+    a, b, c = request("a"), request("b"), request("c")
+    for r in (a, b, c):
+        scheduler.enqueue(r)
+    # Each instance got one batch before either got a second.
+    assert sorted(len(i.batches) for i in (first, second)) == [1, 2]
+    busier, other = (first, second) if len(first.batches) == 2 else (second, first)
+    # The busier one finishes its first batch but still runs its second; the other one
+    # finishes its only batch: the next request goes to the one that is now free.
+    scheduler.batch_done(busier, busier.batches[0], 1000)
+    scheduler.batch_done(other, other.batches[0], 1000)
+    d = request("d")
+    scheduler.enqueue(d)
+    assert other.batches[-1] == [d]
+
+
+def test_a_dynamic_batcher_gives_deep_instances_one_batch_at_a_time() -> None:
+    policy = SchedulerPolicy(max_batch_size=4, dynamic_batching=True)
+    scheduler = ModelScheduler("m", 1, policy)
+    instance = DeepInstance("i0")
+    scheduler.add_instances([instance])
+    a = request("a")
+    scheduler.enqueue(a)
+    b = request("b")
+    scheduler.enqueue(b)
+    assert len(instance.batches) == 1

@@ -11,15 +11,18 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import operator
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from tritium.core.errors import ErrorCode, TritiumError
+
+if TYPE_CHECKING:
+    import asyncio
 
 Callback = Callable[["Cancellation"], None]
 
@@ -143,7 +146,7 @@ class Cancellation:
     # -- callbacks -----------------------------------------------------------------
     def _dispatch(self, callbacks: list[Callback]) -> None:
         loop = self._loop
-        if _running_loop() is loop:
+        if running_loop() is loop:
             for callback in callbacks:
                 callback(self)
         elif not loop.is_closed():
@@ -182,8 +185,11 @@ class _Follow:
             self._child.cancel(self._reason or parent.reason)
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, if any (no exception raised off the loop).
+
+    Asks without importing asyncio, which an instance process of a sync model never
+    does: no loop can run before it is imported.
+    """
+    asyncio = sys.modules.get("asyncio")
+    return None if asyncio is None else asyncio._get_running_loop()

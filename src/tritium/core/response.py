@@ -8,16 +8,18 @@ the stream was closed by a cancellation they are dropped quietly.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tritium.core.cancellation import Cancellation
+from tritium.core.cancellation import Cancellation, running_loop
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.types import Tensor
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +225,4 @@ class ResponseStream:
             self._loop.call_soon_threadsafe(callback)
 
     def _on_loop(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            return False
+        return running_loop() is self._loop

@@ -44,6 +44,7 @@ class ThreadInstance:
     """``kinds.Instance`` on a thread of the server: never restarted, ready once started."""
 
     kind = "thread"
+    depth = 1  # the loop hands a thread its next batch at no cost: nothing to save
     ready = True
     restarts = 0
     failure = None  # a thread instance that failed never started: its load failed

@@ -40,11 +40,17 @@ class Instance(Protocol):
     ``submit`` hands over a batch (loop only, never blocks); the instance reports it done
     through the ``on_done`` it was built with. ``ready`` is False while a kind that restarts
     has no live instance; ``restarts`` counts those restarts (0 for kinds that never do).
+    ``depth`` is how many batches it takes before the first is done: more than one lets an
+    instance that runs apart from the loop find its next batch waiting (the scheduler still
+    prefers a free instance, and the instance runs its batches one at a time).
     """
 
     info: InstanceInfo
     name: str
     kind: str  # its key in KINDS, for whoever shows instances
+
+    @property
+    def depth(self) -> int: ...
 
     @property
     def ready(self) -> bool: ...

@@ -19,7 +19,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor  # instance processes never need it
 
 log = logging.getLogger("tritium.execution")
 
@@ -95,6 +98,8 @@ class ThreadPlacement:
         when threads are not placed."""
         if not self._home:
             return None
+        from concurrent.futures import ThreadPoolExecutor
+
         return ThreadPoolExecutor(thread_name_prefix="tritium-worker", initializer=self.release)
 
     def describe(self) -> str:

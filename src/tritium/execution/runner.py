@@ -10,17 +10,19 @@ it to the server loop, a process sends it over its channel).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.response import DeferredWakes, InferenceResponse, ResponseStream
 from tritium.execution.backend import ModelBackend
 from tritium.execution.placement import ThreadPlacement
+
+if TYPE_CHECKING:
+    import asyncio  # imported by the async paths only: a sync model's process never needs it
 
 log = logging.getLogger("tritium.execution")
 
@@ -68,6 +70,8 @@ class BatchRunner(Generic[Token]):
         if result is None or not inspect.isawaitable(result):
             self._report(token, time.monotonic_ns() - started if requests else -1, [])
             return
+        import asyncio
+
         task = asyncio.ensure_future(result)
         if self.backend.decoupled:
             self._report(token, time.monotonic_ns() - started, [])
@@ -104,6 +108,8 @@ def fail_batch(requests: Sequence[Any], model: str, exc: BaseException) -> None:
 def run_model_loop(model_loop: asyncio.AbstractEventLoop) -> None:
     """Run an ``async def execute`` model's own loop until stopped, give the tasks still
     running (decoupled coroutines) a few seconds to end, and close it."""
+    import asyncio
+
     try:
         model_loop.run_forever()
         pending = asyncio.all_tasks(model_loop)

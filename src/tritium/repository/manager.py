@@ -40,6 +40,7 @@ from tritium.repository.locks import NameLocks
 from tritium.repository.overrides import LoadOverrides, OverrideDir, parse_overrides
 from tritium.repository.poll import fingerprint
 from tritium.repository.served import EnsembleFactory, ServedVersion
+from tritium.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("tritium.repository")
 
@@ -131,6 +132,7 @@ class ModelManager(DependencyRules):
         response_cache: ResponseCache | None = None,
         config_name: str | None = None,
         namespacing: bool = False,
+        rate_limiter: RateLimiter | None = None,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -152,6 +154,7 @@ class ModelManager(DependencyRules):
         self.response_cache = response_cache  # --cache-config; None: no caching
         # --model-config-name: read configs/<name>.pbtxt where a model has one.
         self.config_name = config_name
+        self.rate_limiter = rate_limiter  # --rate-limit execution_count; None: off
         # --model-namespacing: a name in several repositories -> the keys of its models.
         self.namespacing = namespacing
         self._ambiguous: dict[str, list[str]] = {}
@@ -423,7 +426,8 @@ class ModelManager(DependencyRules):
 
     def _new_version(self, model_dir: Path, version: int, config: Any) -> ServedVersion:
         if not is_ensemble(config):
-            return LoadedModel(model_dir, version, config, self.response_cache)
+            return LoadedModel(model_dir, version, config, self.response_cache,
+                               self.rate_limiter)
         if self.create_ensemble is None:
             raise TritiumError(ErrorCode.UNSUPPORTED, "ensembles are not available here")
         return self.create_ensemble(EnsemblePlan.from_config(config), config, version)

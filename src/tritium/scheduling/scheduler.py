@@ -7,6 +7,7 @@ batcher's window and the earliest queue timeout.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,13 @@ class Instance(Protocol):
     def submit(self, batch: list[AdmittedRequest]) -> None: ...
 
 
+def depth_of(instance: Instance) -> int:
+    """How many batches ``instance`` takes at once (``kinds.Instance.depth``; 1 for
+    instances that do not say)."""
+    depth: int = getattr(instance, "depth", 1)
+    return max(1, depth)
+
+
 class ModelScheduler:
     def __init__(self, model_name: str, version: int, policy: SchedulerPolicy,
                  decoupled: bool = False, clock: Clock | None = None):
@@ -65,9 +73,31 @@ class ModelScheduler:
         # instance free and nothing queued would be pushed and popped at once, so it goes
         # straight to the instance (``enqueue``).
         self._straight = self._batcher is None and self._deadlines is None
+        # Deep instances (see add_instances): the batches each holds, and those given to
+        # one while it runs another, which wait there still counted as queued. Empty
+        # unless a deep instance was added.
+        self._held: dict[Instance, int] = {}
+        self._waiting: dict[Instance, collections.deque[list[AdmittedRequest]]] = {}
+        self._skipped: set[AdmittedRequest] = set()  # cancelled while waiting there
 
     # -- instances ---------------------------------------------------------------
     def add_instances(self, instances: Sequence[Instance]) -> None:
+        """An instance deeper than one batch (a process instance, which then finds its
+        next batch waiting instead of sleeping until the loop sends it) gets its spare
+        places at the bottom of ``_idle``: a free instance is always chosen first. A batch
+        sent to a busy instance stays queued for every count until the one before it is
+        done (the instance runs them in order). Only where nothing could reorder the
+        queue meanwhile: no dynamic batcher (a batch formed while the previous runs would
+        be smaller), no queue timeouts, one priority level."""
+        deep = self._straight and self.policy.priority_levels <= 1
+        spare: list[Instance] = []
+        for instance in instances:
+            depth = depth_of(instance) if deep else 1
+            if depth > 1:
+                self._held[instance] = 0
+                self._waiting[instance] = collections.deque()
+                spare.extend([instance] * (depth - 1))
+        self._idle[:0] = spare
         self._idle.extend(instances)
         self._dispatch()
 
@@ -81,7 +111,13 @@ class ModelScheduler:
             wake_all(woken)
         stats = self.stats
         size = 0
+        never_ran = 0
+        skipped = self._skipped
         for request in batch:
+            if skipped and request in skipped:  # cancelled before the instance began it
+                skipped.discard(request)
+                never_ran += 1
+                continue
             size += request.batch_size
             if self.decoupled:
                 continue  # a decoupled request goes on after execute() returns, until FINAL
@@ -90,11 +126,30 @@ class ModelScheduler:
             cancelled_at = request.cancellation.cancelled_at_ns
             if cancelled_at:
                 stats.record_cancel_stop(self._clock.now_ns() - cancelled_at, cancelled_at)
-        stats.executing -= len(batch)
+        stats.executing -= len(batch) - never_ran
         if exec_ns >= 0:
-            stats.record_execution(size, len(batch), exec_ns)
-        self._idle.append(instance)
+            stats.record_execution(size, len(batch) - never_ran, exec_ns)
+        if self._held:
+            self._free(instance)
+        else:
+            self._idle.append(instance)
         self._dispatch()
+
+    def _free(self, instance: Instance) -> None:
+        """A batch of ``instance`` is done: the next one waiting there begins, and the
+        place comes back (a spare one while the instance still runs a batch)."""
+        held = self._held.get(instance)
+        if held is None:
+            self._idle.append(instance)
+            return
+        self._held[instance] = held - 1
+        waiting = self._waiting[instance]
+        if waiting:
+            self._begin(waiting.popleft())
+        if held > 1:
+            self._idle.insert(0, instance)
+        else:
+            self._idle.append(instance)
 
     # -- requests ----------------------------------------------------------------
     def enqueue(self, request: AdmittedRequest) -> None:
@@ -117,6 +172,11 @@ class ModelScheduler:
 
     def request_cancelled(self, request: AdmittedRequest) -> None:
         if self._queue.discard(request):
+            self.stats.pending -= 1
+            self._count_cancel(request, "queued")
+        elif (self._held and request.stage is _EXECUTING and request not in self._skipped
+              and self._waits_at_instance(request)):
+            self._skipped.add(request)  # the instance skips it (its cancel flag is set)
             self.stats.pending -= 1
             self._count_cancel(request, "queued")
         elif request.stage is RequestStage.EXECUTING and not _finished(request):
@@ -206,19 +266,42 @@ class ModelScheduler:
             self._start(batch, self._idle.pop())
 
     def _start(self, batch: list[AdmittedRequest], instance: Instance) -> None:
-        stats = self.stats
-        now = self._clock.now_ns()
-        queued = stats.queue  # Duration.add written out: it runs for every request
         for request in batch:
-            request.move_to(_EXECUTING)
-            queued.ns += now - request.arrival_ns
-        count = len(batch)
-        queued.count += count
-        stats.pending -= count
-        stats.executing += count
+            request.move_to(_EXECUTING)  # out of the queue, wherever it waits now
+        held = self._held
+        if held and instance in held:
+            running = held[instance]
+            held[instance] = running + 1
+            if running:  # a spare place: the batch waits there, counted as queued
+                self._waiting[instance].append(batch)
+                if self._ordered is not None:
+                    self._ordered.dispatched(batch)
+                instance.submit(batch)
+                return
+        self._begin(batch)
         if self._ordered is not None:
             self._ordered.dispatched(batch)
         instance.submit(batch)
+
+    def _begin(self, batch: list[AdmittedRequest]) -> None:
+        """``batch`` begins executing: out of the queue's counts, into execution's."""
+        stats = self.stats
+        now = self._clock.now_ns()
+        queued = stats.queue  # Duration.add written out: it runs for every request
+        skipped = self._skipped
+        count = 0
+        for request in batch:
+            if skipped and request in skipped:
+                continue
+            queued.ns += now - request.arrival_ns
+            count += 1
+        queued.count += count
+        stats.pending -= count
+        stats.executing += count
+
+    def _waits_at_instance(self, request: AdmittedRequest) -> bool:
+        return any(request in batch for batches in self._waiting.values()
+                   for batch in batches)
 
     def _next_batch(self) -> list[AdmittedRequest]:
         """Default scheduler: the next live request, alone."""

@@ -8,7 +8,6 @@ them are cancelled.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,18 +16,21 @@ from tritium.backends.python import scope
 from tritium.backends.python.errors import TritonModelException
 from tritium.backends.python.response import InferenceResponse, from_core
 from tritium.core import messages
-from tritium.core.cancellation import Cancellation, CancelReason
+from tritium.core.cancellation import Cancellation, CancelReason, running_loop
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import InferenceRequest as CoreRequest
 from tritium.core.request import RequestedOutput
 from tritium.core.response import InferenceResponse as CoreResponse
 from tritium.core.response import ResponseStream
-from tritium.core.service import InferenceService
 from tritium.core.types import Tensor as CoreTensor
 
+# asyncio is imported where it is used: an instance process of a sync model never needs it.
 if TYPE_CHECKING:
+    import asyncio
+
     from tritium.backends.python.link import ServerLink
     from tritium.backends.python.request import InferenceRequest
+    from tritium.core.service import InferenceService
 
 
 def exec_blocking(request: InferenceRequest) -> InferenceResponse:
@@ -41,6 +43,8 @@ def exec_async(request: InferenceRequest) -> asyncio.Future[Any]:
 
     Cancelling the returned future cancels the child request.
     """
+    import asyncio
+
     asyncio.get_running_loop()  # raises before any child is sent, as Triton's does
     return _link().exec_async(request)
 
@@ -62,8 +66,10 @@ def _link() -> ServerLink:
 
 
 def run_blocking(service: InferenceService, request: InferenceRequest) -> InferenceResponse:
+    import asyncio
+
     child, cancellation = _start(service, request)
-    if _running_loop() is service.loop:
+    if running_loop() is service.loop:
         cancellation.detach()
         raise TritonModelException("BLS exec() cannot block the server's event loop")
     future = asyncio.run_coroutine_threadsafe(
@@ -72,6 +78,8 @@ def run_blocking(service: InferenceService, request: InferenceRequest) -> Infere
 
 
 def run_async(service: InferenceService, request: InferenceRequest) -> asyncio.Future[Any]:
+    import asyncio
+
     caller_loop = asyncio.get_running_loop()
     child, cancellation = _start(service, request)
     future = asyncio.run_coroutine_threadsafe(
@@ -80,6 +88,8 @@ def run_async(service: InferenceService, request: InferenceRequest) -> asyncio.F
 
 
 def run_decoupled(service: InferenceService, request: InferenceRequest) -> ResponseIterator:
+    import asyncio
+
     child, cancellation = _start(service, request)
     sink = ResponseBuffer()
     asyncio.run_coroutine_threadsafe(pump(service, child, cancellation, sink), service.loop)
@@ -93,6 +103,8 @@ def exec_decoupled_async(request: InferenceRequest) -> asyncio.Future[ResponseIt
     it lets the loop run other coroutines meanwhile (their own BLS calls included),
     and a plain ``for`` over a child that already finished never blocks the loop.
     """
+    import asyncio
+
     loop = asyncio.get_running_loop()  # raises before any child is sent, as Triton's does
     iterator = exec_decoupled(request)
     return loop.create_task(iterator.wait_first())
@@ -125,6 +137,8 @@ class ResponseBuffer:
 
     async def wait_nonempty(self) -> None:
         """Return once a response can be taken without blocking."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         while True:
             with self._ready:
@@ -185,6 +199,8 @@ class ResponseIterator:
 
     async def wait_first(self) -> ResponseIterator:
         """This iterator, once its first response can be read without blocking."""
+        import asyncio
+
         try:
             await self._sink.wait_nonempty()
         except asyncio.CancelledError:
@@ -267,6 +283,8 @@ async def run_child(
     service: InferenceService, child: CoreRequest, cancellation: Cancellation
 ) -> CoreResponse:
     """The one response of a non-decoupled child (an error response when it failed)."""
+    import asyncio
+
     try:
         stream = _submit(service, child, cancellation, allow_decoupled=False)
         return await _collect_single(stream)
@@ -303,6 +321,8 @@ async def pump(
     sink: ResponseSink,
 ) -> None:
     """Run a decoupled child, putting each of its responses into ``sink`` as it comes."""
+    import asyncio
+
     try:
         stream = _submit(service, child, cancellation, allow_decoupled=True)
         async for response in stream:
@@ -331,10 +351,3 @@ def _submit(service: InferenceService, child: CoreRequest, cancellation: Cancell
     except TritiumError as exc:
         raise TritiumError(exc.code, messages.BLS_SUBMIT_FAILED.format(
             model=child.model_name, reason=exc.message)) from exc
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None

@@ -11,13 +11,15 @@ Triton's prefix.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from tritium.core.cancellation import running_loop
 from tritium.core.errors import ErrorCode, TritiumError
 
 if TYPE_CHECKING:
+    import asyncio
+
     from tritium.backends.python.bls import ResponseIterator
     from tritium.backends.python.metric import Family, MetricKind
     from tritium.backends.python.request import InferenceRequest
@@ -79,11 +81,9 @@ class LocalLink:
         return self.service.model(name, version).is_ready()
 
     def _wait(self, work: Coroutine[Any, Any, T]) -> T:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.service.loop:
+        import asyncio
+
+        if running_loop() is self.service.loop:
             work.close()
             raise TritiumError(ErrorCode.INTERNAL, "cannot wait on the server's event loop")
         return asyncio.run_coroutine_threadsafe(work, self.service.loop).result()

@@ -2,22 +2,48 @@
 
 from __future__ import annotations
 
+import os
 import types
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tritium.backends.python import scope
 from tritium.backends.python.backend import PythonBackend
 from tritium.backends.python.errors import describe_exception
 from tritium.backends.python.importer import forget_module, import_model_file
 from tritium.backends.python.link import ServerLink
-from tritium.backends.python.model_config import ModelConfig
 from tritium.backends.python.request import RequestContext
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.backend import InstanceInfo
 
+if TYPE_CHECKING:
+    from pathlib import Path  # given by the server; an instance process does without it
+
 DEFAULT_MODEL_FILENAME = "model.py"
 MODEL_CLASS = "TritonPythonModel"
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """What the backend reads of a model's configuration."""
+
+    filename: str
+    outputs: list[str]
+    decoupled: bool
+    iterative: bool
+
+    @classmethod
+    def of(cls, config: Any) -> Declared:
+        """From tritonclient's ModelConfig, or from its JSON form as a dict: what an
+        instance process receives, so that it need not import protobuf."""
+        if isinstance(config, dict):
+            return cls(config.get("default_model_filename") or DEFAULT_MODEL_FILENAME,
+                       [output["name"] for output in config.get("output", ())],
+                       bool(config.get("model_transaction_policy", {}).get("decoupled")),
+                       bool(config.get("sequence_batching", {}).get("iterative_sequence")))
+        return cls(_model_filename(config), [output.name for output in config.output],
+                   config.model_transaction_policy.decoupled,
+                   config.sequence_batching.iterative_sequence)
 
 
 def auto_complete_config(model_dir: Path, config: Any) -> Any:
@@ -44,25 +70,24 @@ def create_python_backend(info: InstanceInfo, config: Any, link: ServerLink | No
 
     Runs on the instance's own thread. Each instance imports the file afresh, so module
     globals are per instance, as they are in Triton's one-process-per-instance stubs.
+    ``config`` is either form ``Declared.of`` reads.
     """
     if link is not None:
         scope.register_link(link)
-    version_dir = Path(info.model_repository) / str(info.model_version)
-    module = import_model_file(version_dir / _model_filename(config))
+    declared = Declared.of(config)
+    version_dir = os.path.join(info.model_repository, str(info.model_version))
+    module = import_model_file(os.path.join(version_dir, declared.filename))
     try:
         model = _model_class(module, info.model_name)()
-        _initialize(model, _initialize_args(info), link, str(version_dir))
+        _initialize(model, _initialize_args(info), link, version_dir)
     except TritiumError:
         forget_module(module)
         raise
     except Exception as exc:
         forget_module(module)
         raise TritiumError(ErrorCode.INTERNAL, describe_exception(exc)) from exc
-    context = RequestContext(
-        [output.name for output in config.output], config.model_transaction_policy.decoupled,
-        config.sequence_batching.iterative_sequence,
-    )
-    return PythonBackend(model, info.model_name, str(version_dir), link, context, module,
+    context = RequestContext(declared.outputs, declared.decoupled, declared.iterative)
+    return PythonBackend(model, info.model_name, version_dir, link, context, module,
                          instance_name=info.instance_name)
 
 
@@ -98,6 +123,8 @@ def _highest_version_dir(model_dir: Path, filename: str) -> Path:
 
 
 def _run_auto_complete(hook: Any, config: Any, version_dir: str) -> Any:
+    from tritium.backends.python.model_config import ModelConfig
+
     copy = type(config)()
     copy.CopyFrom(config)
     token = scope.enter(scope.ExecutionScope(None, version_dir,

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from google.protobuf import json_format
-
-from tritium.core.config_pb import model_config_pb2
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.repository.config import config_to_json
+
+# protobuf and the repository's config module are imported where a protobuf is handled:
+# an instance process gets the JSON form and never needs them (about 3 MiB).
 
 _INPUT_KEYS = ("name", "data_type", "dims", "optional")
 _OUTPUT_KEYS = ("name", "data_type", "dims")
@@ -28,6 +27,8 @@ class ModelConfig:
         elif isinstance(model_config, dict):
             self._model_config = model_config
         else:
+            from tritium.repository.config import config_to_json
+
             self._model_config = config_to_json(model_config)
 
     def as_dict(self) -> dict[str, Any]:
@@ -35,6 +36,10 @@ class ModelConfig:
 
     def to_protobuf(self) -> Any:
         """The configuration as tritonclient's ModelConfig; INVALID_ARG if it is not one."""
+        from google.protobuf import json_format
+
+        from tritium.core.config_pb import model_config_pb2
+
         try:
             return json_format.ParseDict(self._model_config, model_config_pb2.ModelConfig())
         except json_format.ParseError as exc:

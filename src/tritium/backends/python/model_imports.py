@@ -21,7 +21,6 @@ import sys
 import threading
 import types
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from tritium.backends.python import scope
@@ -47,7 +46,7 @@ def register(package_name: str, version_dir: str) -> None:
     with _lock:
         _package_dirs[package_name] = version_dir
         _dir_packages[version_dir] = (*_dir_packages.get(version_dir, ()), package_name)
-        _dir_names[version_dir] = _module_names(Path(version_dir))
+        _dir_names[version_dir] = _module_names(version_dir)
         _local_names = frozenset().union(*_dir_names.values())
         _wins.clear()  # the files of a directory may have changed since the last load
         if builtins.__import__ is not _scoped_import:
@@ -68,12 +67,20 @@ def unregister(package_name: str) -> None:
             _local_names = frozenset().union(*_dir_names.values())
 
 
-def _module_names(directory: Path) -> frozenset[str]:
+def _module_names(directory: str) -> frozenset[str]:
+    # os, not pathlib: an instance process does without pathlib's imports.
     names = set()
-    for entry in directory.iterdir() if directory.is_dir() else ():
-        if entry.suffix == ".py" and entry.stem.isidentifier():
-            names.add(entry.stem)
-        elif entry.is_dir() and (entry / "__init__.py").is_file() and entry.name.isidentifier():
+    try:
+        with os.scandir(directory) as listing:
+            entries = list(listing)
+    except OSError:
+        entries = []
+    for entry in entries:
+        stem, suffix = os.path.splitext(entry.name)
+        if suffix == ".py" and stem.isidentifier():
+            names.add(stem)
+        elif (entry.is_dir() and entry.name.isidentifier()
+              and os.path.isfile(os.path.join(entry.path, "__init__.py"))):
             names.add(entry.name)
     return frozenset(names)
 

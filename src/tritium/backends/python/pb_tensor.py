@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from tritium.backends.python import arguments, dlpack
@@ -37,7 +37,6 @@ _CODE_TO_NUMPY: dict[int, Any] = {
     if t is not DataType.BF16
 }
 _CPU_DEVICE = (1, 0)  # kDLCPU, device 0
-_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 # The numpy dtypes that map straight to a Triton type (not BYTES, not BF16).
 _NUMERIC: dict[np.dtype, DataType] = {
     t.numpy: t for t in DataType if t not in (DataType.BYTES, DataType.BF16)
@@ -114,7 +113,7 @@ class Tensor:
         else:
             raise TritonModelException(messages.PB_NOT_DLPACK)
         array, bf16 = dlpack.import_capsule(capsule)
-        return Tensor(name, array.view(_BFLOAT16) if bf16 else array)
+        return Tensor(name, array.view(_bfloat16()) if bf16 else array)
 
     def __repr__(self) -> str:
         core = self._core
@@ -142,7 +141,7 @@ class Tensor:
 
 def _other_dtype_core(name: str, array: np.ndarray) -> CoreTensor:
     """The core tensor of an array whose dtype is not one of ``_NUMERIC``'s."""
-    if array.dtype == _BFLOAT16:
+    if _is_bfloat16(array.dtype):
         # Kept as the raw 16-bit patterns, as the core stores BF16.
         array = np.ascontiguousarray(array).view(np.uint16)
         return CoreTensor(name, DataType.BF16, array.shape, array)
@@ -156,6 +155,19 @@ def _other_dtype_core(name: str, array: np.ndarray) -> CoreTensor:
     elif not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     return CoreTensor(name, datatype, array.shape, array)
+
+
+def _bfloat16() -> np.dtype:
+    # Imported for the first BF16 tensor only: ml_dtypes costs an instance process ~2 MiB.
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _is_bfloat16(dtype: np.dtype) -> bool:
+    # No array is bfloat16 before ml_dtypes is imported (by the model, or by _bfloat16).
+    ml_dtypes = sys.modules.get("ml_dtypes")
+    return ml_dtypes is not None and dtype == ml_dtypes.bfloat16
 
 
 def _as_array(data: Any) -> np.ndarray:

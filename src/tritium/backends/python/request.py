@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import enum
 from collections.abc import Container, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -16,6 +15,9 @@ from tritium.backends.python.response import InferenceResponse, check_parameters
 from tritium.backends.python.sender import InferenceResponseSender
 from tritium.core import messages
 from tritium.core.request import RELEASE_ALL, RELEASE_RESCHEDULE, SEQUENCE_END, AdmittedRequest
+
+if TYPE_CHECKING:
+    import asyncio
 
 TRITONSERVER_REQUEST_RELEASE_ALL = RELEASE_ALL
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = RELEASE_RESCHEDULE

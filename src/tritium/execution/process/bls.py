@@ -12,7 +12,6 @@ cancelled), and the call's own cancellation (``ResponseIterator.cancel()``, a ca
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +32,8 @@ from tritium.execution.process.wire import (
 )
 
 if TYPE_CHECKING:
+    import asyncio  # the child imports it only for an async model's calls
+
     from tritium.backends.python.request import InferenceRequest
     from tritium.execution.process.calls import (
         Call,
@@ -155,6 +156,8 @@ class RemoteBls:
             return from_core(_failure(exc))
 
     def exec_async(self, request: InferenceRequest) -> asyncio.Future[Any]:
+        import asyncio
+
         loop = asyncio.get_running_loop()  # raises before the child is sent, as in process
         return loop.create_task(_await_single(self._call(EXEC, request)))
 
@@ -164,6 +167,8 @@ class RemoteBls:
 
 
 async def _await_single(call: Call) -> InferenceResponse:
+    import asyncio
+
     try:
         reply = await call.async_result()
     except asyncio.CancelledError:

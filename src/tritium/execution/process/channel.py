@@ -16,7 +16,6 @@ other models' work keeps its turns.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import os
@@ -24,13 +23,16 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tritium.core.cancellation import Cancellation
 from tritium.execution.process import messages as msg
 from tritium.execution.process.codec import FrameError, FrameReader, decode, encode
 from tritium.execution.process.messages import EMPTY, Packed
 from tritium.execution.process.shm import ArenaReader, ArenaWriter
+
+if TYPE_CHECKING:
+    import asyncio  # the child's end needs it only for an async model's calls
 
 FDS_ENV = "TRITIUM_PROCESS_FDS"  # the child's descriptors: socket, arena in, arena out, flags
 _READ_SIZE = 1 << 18
@@ -130,11 +132,13 @@ class ParentChannel:
         if self.closed:
             return
         try:
-            for body in self._frames.bodies(FRAMES_PER_TURN):
+            bodies = self._frames.bodies(FRAMES_PER_TURN)
+            for body in bodies:
                 self._on_message(decode(body))
                 if self.closed:
                     return
-            more = self._frames.has_frame()
+            # Fewer than a turn's frames: bodies() stopped at the first incomplete one.
+            more = len(bodies) == FRAMES_PER_TURN and self._frames.has_frame()
         except FrameError as exc:
             self._broken(str(exc))
             return
@@ -148,7 +152,8 @@ class ParentChannel:
         # each need more turns than one, back to back for flood_s, are a flood.
         if not self._paused:
             self._full_since = 0.0
-        self._resume()
+        if not self._reading:
+            self._resume()
 
     def _flooding(self) -> bool:
         """Whether the channel has been full for longer than ``flood_s`` (then it ends)."""
@@ -279,6 +284,8 @@ class Call:
         raise CallFailed("the call ended without a final reply")
 
     async def _arrived(self) -> None:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         while True:
             with self._link.condition:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tritium.core.service import InferenceService
 from tritium.execution.process.codec import convert
 
 if TYPE_CHECKING:
+    from tritium.core.service import InferenceService
     from tritium.execution.process.calls import CallContext, ChildLink, Handler
 
 LOAD = "control.load"

@@ -4,7 +4,6 @@ to the server, which serves it with the same code a thread instance's ``LocalLin
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from tritium.execution.process.bls import RemoteBls
@@ -12,6 +11,8 @@ from tritium.execution.process.control import RemoteControl
 from tritium.execution.process.metrics import RemoteFamilies
 
 if TYPE_CHECKING:
+    import asyncio
+
     from tritium.backends.python.bls import ResponseIterator
     from tritium.backends.python.metric import Family, MetricKind
     from tritium.backends.python.request import InferenceRequest

@@ -8,13 +8,12 @@ state is a byte of shared memory and whose stream sends over the channel.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import os
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tritium.core import response as core_response
 from tritium.core.errors import ErrorCode, TritiumError
@@ -34,6 +33,9 @@ from tritium.execution.process.messages import ErrorBody
 from tritium.execution.process.shm import ArenaReader, ArenaWriter, Mapping
 from tritium.execution.process.wire import TraceRef
 from tritium.execution.runner import BatchRunner, run_model_loop
+
+if TYPE_CHECKING:
+    import asyncio  # imported for ``async def execute`` only: ssl and all cost ~7 MiB
 
 log = logging.getLogger("tritium.execution.process")
 
@@ -82,11 +84,13 @@ class ChildRequest:
 class _Batch:
     """A batch the server sent: its id (DONE names it) and its requests."""
 
-    __slots__ = ("batch_id", "requests")
+    __slots__ = ("batch_id", "requests", "unstarted")
 
-    def __init__(self, batch_id: int, requests: list[ChildRequest]) -> None:
+    def __init__(self, batch_id: int, requests: list[ChildRequest],
+                 unstarted: list[int] | None = None) -> None:
         self.batch_id = batch_id
         self.requests = requests
+        self.unstarted = unstarted or []
 
 
 class InstanceServer:
@@ -160,21 +164,37 @@ class InstanceServer:
                 self._server_gone()
             message = inbox.popleft()
             if type(message) is msg.Execute:
-                requests = self.requests(message)
-                self._runner.run(_Batch(message.batch_id, requests), requests)
+                batch = self._batch(message)
+                self._runner.run(batch, batch.requests)
             elif type(message) is msg.Stop:
                 return
             elif message is msg.GONE:
                 self._server_gone()
 
+    def _batch(self, execute: msg.Execute) -> _Batch:
+        """The batch ``execute`` names, less the requests cancelled while it waited here
+        (the server sends a batch before the previous one is done): a queued request
+        never reaches execute once its client has gone."""
+        requests = self.requests(execute)
+        unstarted: list[int] = []
+        for request in requests:
+            if request.cancellation.is_cancelled():
+                unstarted.append(request.slot)
+        if unstarted:
+            requests = [r for r in requests if r.slot not in unstarted]
+        return _Batch(execute.batch_id, requests, unstarted)
+
     def _batch_done(self, batch: _Batch, elapsed: int, woken: object) -> None:
         # What execute delivered after the model's own sends leaves with DONE, one frame.
         deferred, self._deferred = self._deferred, []
-        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests)))
+        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests),
+                                 batch.unstarted))
 
     # -- async def execute ---------------------------------------------------
     def serve_async(self) -> None:
         """``async def execute``: this thread runs the model's loop, a thread reads."""
+        import asyncio
+
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
 
@@ -188,8 +208,8 @@ class InstanceServer:
 
     def _on_async(self, message: Any) -> None:
         if type(message) is msg.Execute:
-            requests = self.requests(message)
-            self._runner.start_async(_Batch(message.batch_id, requests), requests)
+            batch = self._batch(message)
+            self._runner.start_async(batch, batch.requests)
         elif type(message) is msg.Stop:
             assert self._loop is not None
             self._loop.stop()
@@ -257,10 +277,9 @@ def main() -> int:
         os.close(fd)  # mapped: the mappings stay, and forks of the model inherit nothing
     death.become_instance_process(version_dir, info.model_repository, [sock_fd])
     link.parent_slots = _parent_slots
-    from tritium.core.config_pb import model_config_pb2
+    import json
 
-    config = model_config_pb2.ModelConfig()
-    config.ParseFromString(init.config)
+    config = json.loads(info.config_json)  # read as Declared.of reads a dict
     logger.forward_logs(link)
     # Not placed on the loop's home core between batches, as an instance thread is: that
     # rule exists because a thread shares the loop's GIL, which a process does not. A
@@ -278,6 +297,7 @@ def main() -> int:
     if backend is None:
         return 0
     server = InstanceServer(link, backend, flags)
+    _release_free_heap()
     link.send(msg.Ready(backend.decoupled, backend.is_async, os.getpid()))
     if backend.is_async:
         server.serve_async()
@@ -286,6 +306,16 @@ def main() -> int:
     backend.finalize()
     link.send(msg.Stopped())
     return 0
+
+
+def _release_free_heap() -> None:
+    """Hand back the heap pages that imports and ``initialize`` used and freed (glibc
+    keeps them otherwise): ~0.8 MiB of an idle instance process's RSS."""
+    import ctypes
+
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def _parent_slots() -> list[int]:

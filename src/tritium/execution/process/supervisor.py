@@ -45,6 +45,8 @@ class InstanceProcess(Protocol):
     def pid(self) -> int | None: ...
     @property
     def returncode(self) -> int | None: ...
+    @property
+    def is_async(self) -> bool: ...
     async def start(self) -> None: ...
     def submit(self, batch: list[AdmittedRequest]) -> None: ...
     def stop(self) -> None: ...
@@ -123,6 +125,7 @@ class SupervisedInstance:
         self._flights: dict[int, _Flight] = {}
         # Dones of batches that died with a process: reported once a new one is up.
         self._deferred: list[tuple[list[AdmittedRequest], int]] = []
+        self._waiting: list[list[AdmittedRequest]] = []  # submitted while none was up
         self._kill_cause = ""
         self.failure: TritiumError | None = None  # why the slot gave up restarting
         self._supervisor: asyncio.Task[None] | None = None
@@ -136,6 +139,18 @@ class SupervisedInstance:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    @property
+    def depth(self) -> int:
+        """Two batches at once: the process finds its next batch waiting when it finishes
+        one, instead of sleeping until the loop hears DONE and sends it. One for an
+        ``async def execute`` (a second batch would run beside the first) and where a
+        cancelled batch is killed after a grace period (a batch waiting behind a long one
+        would count its wait as running)."""
+        process = self._process
+        if self._kill_after is not None or (process is not None and process.is_async):
+            return 1
+        return 2
 
     # -- kinds.Instance ----------------------------------------------------------
     async def start(self) -> None:
@@ -156,9 +171,8 @@ class SupervisedInstance:
             self._loop.call_soon(self._refuse, batch, self.failure)
             return
         if not self._up or process is None:
-            # Only a scheduler that ignored our busy slot gets here; answer, do not lose it.
-            self._fail([batch])
-            self._deferred.append((batch, -1))
+            # The spare place of a process that died: the batch waits for the next one.
+            self._waiting.append(batch)
             return
         flight = self._flights[id(batch)] = _Flight(batch)
         if self._kill_after is not None:
@@ -170,6 +184,8 @@ class SupervisedInstance:
         self._wake.set()
         if self._up and self._process is not None:
             self._process.stop()
+        self._refuse_waiting(TritiumError(ErrorCode.UNAVAILABLE, (
+            f"instance {self.name} of model '{self.info.model_name}' is stopping")))
         self._report_deferred()
 
     async def wait_stopped(self) -> None:
@@ -253,12 +269,20 @@ class SupervisedInstance:
                      self.name, self.info.model_name, self.info.model_version, process.pid,
                      self.restarts)
             self._report_deferred()
+            waiting, self._waiting = self._waiting, []
+            for batch in waiting:
+                self.submit(batch)
             return True
         return False
 
     def _refuse(self, batch: list[AdmittedRequest], error: TritiumError) -> None:
         self._fail([batch], error)
         self._on_done(self, batch, -1, [])
+
+    def _refuse_waiting(self, error: TritiumError) -> None:
+        waiting, self._waiting = self._waiting, []
+        for batch in waiting:
+            self._loop.call_soon(self._refuse, batch, error)
 
     def _give_up(self, exc: Exception, failed: int) -> None:
         reason = exc.message if isinstance(exc, TritiumError) else str(exc)
@@ -267,6 +291,7 @@ class SupervisedInstance:
             f"{failed} times in a row and is not restarted again: {reason}"))
         log.error("%s", self.failure.message)
         self._report_deferred()
+        self._refuse_waiting(self.failure)
 
     def _sweep(self) -> None:
         """Answer and set aside what the dead process left in flight."""
