@@ -12,7 +12,7 @@ START again.
 
 Iterative sequences (``iterative_sequence: true``), as Triton's IterativeSequencer: a request
 without a correlation id gets one of its own, with START; a request its model releases with
-RELEASE_RESCHEDULE goes back to the end of its instance's queue with neither START nor END,
+RELEASE_RESCHEDULE goes back behind its sequence's queued requests with neither START nor END,
 and the first execution that does not reschedule it ends its sequence.
 """
 
@@ -116,7 +116,7 @@ class SequenceScheduler(ModelScheduler):
             self._mark_idle(sequence)
 
     def _requeue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        """Queue a rescheduled request again, behind what its instance has queued; the
+        """Queue a rescheduled request again, behind what its sequence has queued; the
         instance runs it once it is free (``batch_done`` dispatches)."""
         request.release_flags = RELEASE_ALL
         request.request.flags = 0  # neither START nor END, as Triton sets them
