@@ -136,6 +136,15 @@ BATCHING_MODELS = {
                      "instance_group [{ count: 2 kind: KIND_CPU }]\n",
     "gpu_group": "instance_group [{ count: 1 kind: KIND_GPU gpus: [ 0 ] }]\n",
 }
+# Inputs of variable size (tests/e2e/test_ragged_batching.py): batched only when their
+# shapes agree, unless they allow ragged batches.
+VARIABLE_IO = _tensor("output", "OUTPUT0", "FP32", "-1")
+SHAPED_MODELS = {
+    "batch_shaped": _tensor("input", "INPUT0", "FP32", "-1"),
+    "batch_ragged": _tensor("input", "INPUT0", "FP32", "-1", " allow_ragged_batch: true")
+    + 'batch_input [{ kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "INDEX" '
+      'data_type: TYPE_FP32 source_input: "INPUT0" }]\n',
+}
 
 
 def add_batching_models(repo: Path, record_dir: Path) -> None:
@@ -143,6 +152,10 @@ def add_batching_models(repo: Path, record_dir: Path) -> None:
     for name, config in BATCHING_MODELS.items():
         add_model(repo, name, "batch_record",
                   config + BATCH_IO + _parameter("record_file", f"{record_dir}/{name}.jsonl"))
+    for name, inputs in SHAPED_MODELS.items():
+        add_model(repo, name, "batch_record",
+                  "max_batch_size: 8\ndynamic_batching {}\n" + inputs + VARIABLE_IO
+                  + _parameter("record_file", f"{record_dir}/{name}.jsonl"))
 
 
 SEQUENCE_IO = (_tensor("input", "INPUT0", "INT32", "1")
@@ -165,6 +178,16 @@ def add_sequence_models(repo: Path, record_dir: Path) -> None:
               + SEQUENCE_CONTROLS + "}\n"
               + "instance_group [{ count: 2 kind: KIND_CPU }]\n" + SEQUENCE_IO
               + _parameter("record_file", f"{record_dir}/sequence_accumulator.jsonl"))
+    # Direct strategy with batch slots (tests/models/slot_sum.py): one instance, 4 slots.
+    slots = ("max_batch_size: 4\nsequence_batching {\n  max_sequence_idle_microseconds: "
+             "10000000\n" + SEQUENCE_CONTROLS)
+    add_model(repo, "sequence_slots", "slot_sum",
+              slots + "  direct {}\n}\n" + SEQUENCE_IO
+              + _parameter("record_file", f"{record_dir}/sequence_slots.jsonl"))
+    add_model(repo, "sequence_slots_delayed", "slot_sum",
+              slots + "  direct { max_queue_delay_microseconds: 3000000 "
+              "minimum_slot_utilization: 0.5 }\n}\n" + SEQUENCE_IO
+              + _parameter("record_file", f"{record_dir}/sequence_slots_delayed.jsonl"))
     # Releases a sequence after 0.3 s without a request; no control inputs.
     add_model(repo, "sequence_idle", "accumulator",
               "sequence_batching { max_sequence_idle_microseconds: 300000 }\n" + SEQUENCE_IO

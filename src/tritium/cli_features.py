@@ -58,6 +58,7 @@ def server_settings(args: argparse.Namespace, exit_on_error: bool) -> dict[str, 
         "cache_bytes": cache_bytes(settings.cache),
         "trace": trace_settings(settings.trace),
         "model_config_name": args.model_config_name or None,
+        "model_namespacing": args.model_namespacing is True,
     }
 
 

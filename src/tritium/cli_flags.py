@@ -82,9 +82,8 @@ FLAGS: tuple[TritonFlag, ...] = (
                "more tries for a version that fails to load"),
     TritonFlag("model-config-name", str, DONE,
                "each model's configs/<name>.pbtxt, where it has one, over its config.pbtxt"),
-    TritonFlag("model-namespacing", v.triton_bool, REFUSE,
-               "model namespacing is not supported: model names are unique across "
-               "repositories", applies=_is_true),
+    TritonFlag("model-namespacing", v.triton_bool, DONE,
+               "models of one name in different repositories; ensembles use their own"),
     TritonFlag("enable-peer-access", v.triton_bool, NO_HW, _GPU, applies=_is_true),
     # -- HTTP and gRPC
     TritonFlag("reuse-http-port", v.triton_bool, REFUSE,

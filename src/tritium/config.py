@@ -91,6 +91,8 @@ class ServerConfig:
     cache_bytes: int | None = None
     # --model-config-name: a model's configs/<name>.pbtxt, where it has one, over config.pbtxt.
     model_config_name: str | None = None
+    # --model-namespacing: a model name may be in several repositories.
+    model_namespacing: bool = False
     # --trace-config: Triton's trace modes and settings (tracing/settings.py).
     trace: TraceSettings = field(default_factory=TraceSettings)
     # --client-shm-key-prefix: the keys a client may register shared memory under.

@@ -163,6 +163,14 @@ def _add_forwarding(repo: Path, record_dir: Path) -> None:
         ("ident_a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "middle"}),
         ("raises_step", {"INPUT0": "middle"}, {"OUTPUT0": "OUTPUT0"}),
     ])
+    # A failing step beside a slow one (tests/models/slow.py, INPUT0 seconds of work).
+    add_model(repo, "slow_beside", "slow",
+              ONE_IO + _parameter("record_file", f"{record_dir}/slow_beside.jsonl"))
+    add_ensemble(repo, "failing_beside_slow",
+                 ONE_IO + _tensor("output", "OUTPUT1", "FP32", "-1"), [
+                     ("slow_beside", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"}),
+                     ("raises_step", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT1"}),
+                 ])
     # Queue timeouts that a request may shorten: the ensemble request's own reaches it.
     add_model(repo, "timed", "batch_record",
               "max_batch_size: 1\ndynamic_batching { default_queue_policy { "

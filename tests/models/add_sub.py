@@ -1,4 +1,5 @@
-"""OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1; records initialize arguments."""
+"""OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (the other way round with the model
+parameter ``swap`` set to "true"); records initialize arguments."""
 
 import json
 
@@ -12,6 +13,8 @@ class TritonPythonModel:
         self.dtype = pb_utils.triton_string_to_numpy(
             pb_utils.get_output_config_by_name(config, "OUTPUT0")["data_type"]
         )
+        swap = config.get("parameters", {}).get("swap", {}).get("string_value")
+        self.names = ("OUTPUT1", "OUTPUT0") if swap == "true" else ("OUTPUT0", "OUTPUT1")
 
     def execute(self, requests):
         responses = []
@@ -20,8 +23,8 @@ class TritonPythonModel:
             b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[
-                    pb_utils.Tensor("OUTPUT0", (a + b).astype(self.dtype)),
-                    pb_utils.Tensor("OUTPUT1", (a - b).astype(self.dtype)),
+                    pb_utils.Tensor(self.names[0], (a + b).astype(self.dtype)),
+                    pb_utils.Tensor(self.names[1], (a - b).astype(self.dtype)),
                 ],
                 parameters={"instance": self.args["model_instance_name"]},
             ))

@@ -114,7 +114,6 @@ def test_the_fixture_covers_every_flag_the_parser_knows() -> None:
 @pytest.mark.parametrize(("argv", "fragment"), [
     (["--allow-sagemaker=true"], "SageMaker"),
     (["--allow-vertex-ai", "1"], "Vertex AI"),
-    (["--model-namespacing=true"], "namespacing"),
     (["--reuse-http-port=true"], "load balancer"),
     (["--load-model=m"], "requires setting '--model-control-mode=explicit'"),
     (["--model-control-mode=explicit", "--load-model=*", "--load-model=m"], "Wildcard"),

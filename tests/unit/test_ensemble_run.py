@@ -70,6 +70,8 @@ class Repository:
             raise TritiumError(ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}'")
         return self.models[name]
 
+    resolve_member = resolve
+
 
 def serve(repository: Repository, loop: asyncio.AbstractEventLoop) -> InferenceService:
     # Only ``resolve`` of the ModelRepository protocol is used by what these tests do.
@@ -142,7 +144,9 @@ def test_steps_start_in_order_and_carry_the_requests_fields() -> None:
     run(body)
 
 
-def test_a_failing_step_fails_at_once_and_stops_the_others() -> None:
+def test_a_failing_step_is_answered_once_the_running_steps_finished() -> None:
+    """Triton's EnsembleContext::FinishEnsemble sends a step's error only once no step is in
+    flight; the running sibling is not stopped and its outputs are dropped."""
     async def body(loop: asyncio.AbstractEventLoop) -> None:
         a, b = Step("a"), Step("b")
         repository = Repository(a, b)
@@ -152,14 +156,35 @@ def test_a_failing_step_fails_at_once_and_stops_the_others() -> None:
         await turn()
         a.requests[0].stream.send_nowait(InferenceResponse.failure(
             TritiumError(ErrorCode.INTERNAL, "boom")))
+        await turn()
+        assert stream.receive_nowait() is None  # b still runs
+        sibling = b.requests[0].cancellation
+        assert sibling.reason is None
+        b.answer()
         response = await stream.receive()
         assert response.final and response.error is not None
         assert response.error.message == "in ensemble 'fork', boom"
-        # The sibling still running is told to stop, as the ensemble's own step.
-        sibling = b.requests[0].cancellation
-        assert sibling.reason is CancelReason.PARENT_CANCELLED
         await turn()
         assert model.statistics().failures["OTHER"] == 1
+    run(body)
+
+
+def test_leaving_while_a_failed_run_waits_stops_the_running_steps() -> None:
+    async def body(loop: asyncio.AbstractEventLoop) -> None:
+        a, b = Step("a"), Step("b")
+        repository = Repository(a, b)
+        service = serve(repository, loop)
+        repository.models["fork"] = ensemble(service, "fork", FORK, "OA OB")
+        client = Cancellation(loop)
+        stream = submit(service, "fork", client)
+        await turn()
+        a.requests[0].stream.send_nowait(InferenceResponse.failure(
+            TritiumError(ErrorCode.INTERNAL, "boom")))
+        await turn()
+        client.cancel(CancelReason.CLIENT_DISCONNECTED)
+        response = await stream.receive()
+        assert response.error is not None and response.error.code is ErrorCode.CANCELLED
+        assert b.requests[0].cancellation.reason is CancelReason.CLIENT_DISCONNECTED
     run(body)
 
 

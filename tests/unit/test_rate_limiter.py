@@ -16,7 +16,7 @@ from tritium.scheduling.clock import ManualClock
 from tritium.scheduling.policy import SchedulerPolicy, SequencePolicy
 from tritium.scheduling.rate_limiter import Gate, RateLimiter
 from tritium.scheduling.resources import GLOBAL, ResourceNeed, ResourcePool
-from tritium.scheduling.sequences import SequenceScheduler
+from tritium.scheduling.sequence_direct import DirectSequenceScheduler
 
 
 def needs(*entries: tuple[str, int] | tuple[str, int, bool]) -> list[ResourceNeed]:
@@ -222,11 +222,11 @@ def sequence_request(name: str, correlation_id: int, flags: int) -> AdmittedRequ
 def test_sequence_schedulers_take_turns_on_a_shared_resource() -> None:
     limiter = RateLimiter()
     one = rate_limiter_config('resources [ { name: "R" count: 1 } ]')
-    schedulers: list[SequenceScheduler] = []
+    schedulers: list[DirectSequenceScheduler] = []
     instances: list[tuple[Gate, Recording]] = []
     for name in ("a", "b"):
         policy = SchedulerPolicy(sequence=SequencePolicy(max_idle_us=1_000_000))
-        scheduler = SequenceScheduler(name, 1, policy, clock=ManualClock())
+        scheduler = DirectSequenceScheduler(name, 1, policy, clock=ManualClock())
         gate, recording = limiter.gate(f"{name}_0", 0, one), Recording()
         gate.instance, gate.target = recording, scheduler.batch_done
         scheduler.add_instances([gate])
@@ -244,3 +244,20 @@ def test_sequence_schedulers_take_turns_on_a_shared_resource() -> None:
         gate.finished(None, recording.batches[-1], 1000)
     assert ran == ["a1", "b1", "a2", "b2"]  # each sequence in order, the two alternating
     assert all(s.is_idle() for s in schedulers)
+
+
+def test_a_padded_sequence_batch_goes_through_its_gate_whole() -> None:
+    """Direct sequence batching under the rate limiter: the gate runs the batch with its
+    padding, and hands it back to the scheduler, which answers only the real requests."""
+    limiter = RateLimiter()
+    policy = SchedulerPolicy(max_batch_size=2, sequence=SequencePolicy(max_idle_us=1_000_000))
+    scheduler = DirectSequenceScheduler("d", 1, policy, clock=ManualClock())
+    gate, recording = limiter.gate("d_0", 0, rate_limiter_config("")), Recording()
+    gate.instance, gate.target = recording, scheduler.batch_done
+    scheduler.add_instances([gate])
+    scheduler.enqueue(sequence_request("a1", 1, SEQUENCE_START))
+    scheduler.enqueue(sequence_request("b1", 2, SEQUENCE_START))
+    gate.finished(None, recording.batches[-1], 1000)
+    assert [r.request.id for r in recording.batches[-1]] == ["", "b1"]  # lane 0 padded
+    gate.finished(None, recording.batches[-1], 1000)
+    assert scheduler.is_idle() and scheduler.stats.executing == 0

@@ -376,3 +376,35 @@ def test_implicit_state_and_iterative_sequences_pass_validation(tmp_path: Path,
         config,
     )
     validate_model_config(config)  # served since the sequence scheduler has both
+
+
+RAGGED_IO = ('max_batch_size: 8\n'
+             'input [ { name: "A" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]\n'
+             'output [ { name: "B" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+
+
+@pytest.mark.parametrize(
+    ("batch_io", "expected"),
+    [
+        ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 } ]',
+         "batch input kind 'BATCH_ELEMENT_COUNT' expects 1 source input, got 0 for m"),
+        ('batch_input [ { kind: BATCH_ITEM_SHAPE target_name: "N" data_type: TYPE_INT64 '
+         'source_input: "A" } ]', "batch input data type must be TYPE_INT32 or TYPE_FP32 for m"),
+        ('batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "N" '
+         'data_type: TYPE_FP32 source_input: "X" } ]', "unknown source input name 'X' for m"),
+        ('batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: [ "B", "B" ] '
+         'source_input: "A" } ]', "target output name 'B' can only be specified once for m"),
+        ('batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "Z" '
+         'source_input: "A" } ]', "unknown target output name 'Z' for m"),
+    ],
+)
+def test_batch_inputs_and_outputs_are_checked_as_triton_checks_them(
+        tmp_path: Path, batch_io: str, expected: str) -> None:
+    assert load_error(tmp_path, RAGGED_IO + batch_io).startswith(expected)
+
+
+def test_a_valid_batch_input_is_accepted(tmp_path: Path) -> None:
+    config = load_text(tmp_path, RAGGED_IO + (
+        'batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "N" '
+        'data_type: TYPE_FP32 source_input: "A" } ]'))
+    assert config.input[0].allow_ragged_batch and len(config.batch_input) == 1

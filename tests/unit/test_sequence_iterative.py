@@ -31,6 +31,7 @@ from tritium.scheduling.policy import (
     SequenceControl,
     SequencePolicy,
 )
+from tritium.scheduling.sequence_direct import DirectSequenceScheduler
 from tritium.scheduling.sequences import SequenceScheduler
 
 START_CONTROL = SequenceControl("START", ControlKind.START, DataType.INT32)
@@ -40,7 +41,7 @@ def make(instances: int = 1, iterative: bool = True, states: tuple = (),
          decoupled: bool = False) -> tuple[SequenceScheduler, list[FakeInstance]]:
     policy = SchedulerPolicy(sequence=SequencePolicy(
         controls=(START_CONTROL,), iterative=iterative, states=states))
-    scheduler = SequenceScheduler("it", 1, policy, decoupled, clock=ManualClock())
+    scheduler = DirectSequenceScheduler("it", 1, policy, decoupled, clock=ManualClock())
     pool = [FakeInstance(f"i{n}") for n in range(instances)]
     scheduler.add_instances(pool)
     return scheduler, pool
@@ -65,23 +66,24 @@ def test_without_iterative_a_correlation_id_is_still_required() -> None:
         scheduler.enqueue(request("a", 0))
 
 
-def test_a_rescheduled_request_runs_again_behind_the_queue_without_start_or_end() -> None:
+def test_a_rescheduled_request_runs_again_in_its_slot_without_start_or_end() -> None:
     """IterativeSequencer::RescheduleRequest: a request released with RESCHEDULE has its
-    flags set to neither START nor END and is enqueued again (behind what is queued)."""
+    flags set to neither START nor END and is enqueued again, into its sequence's slot; a
+    request of another sequence waits for a free slot (one per instance here)."""
     scheduler, (i0,) = make()
     a, b = request("a", 0), request("b", 0)
     scheduler.enqueue(a)
     scheduler.enqueue(b)
     a.release_flags = RELEASE_RESCHEDULE
     finish(scheduler, i0)
-    assert a.stage is RequestStage.QUEUED and a.release_flags == 1
+    assert a.stage is RequestStage.EXECUTING and a.release_flags == 1
     assert (a.request.flags, int(a.request.inputs["START"].data.reshape(-1)[0])) == (0, 0)
-    assert i0.ids() == ["a", "b"]
+    assert i0.ids() == ["a", "a"]
+    finish(scheduler, i0)  # not rescheduled: a's sequence ends and b gets the slot
+    assert i0.ids() == ["a", "a", "b"]
+    assert scheduler.stats.pending == 0 and a.stage is RequestStage.DONE
     finish(scheduler, i0)
-    assert i0.ids() == ["a", "b", "a"]
-    assert scheduler.stats.pending == 0 and a.stage is RequestStage.EXECUTING
-    finish(scheduler, i0)
-    assert a.stage is RequestStage.DONE and scheduler.is_idle()
+    assert scheduler.is_idle()
 
 
 def test_the_execution_that_does_not_reschedule_ends_the_sequence() -> None:

@@ -196,3 +196,30 @@ def test_preserve_ordering_delivers_batches_in_dispatch_order() -> None:
     woken_a: list[Any] = [WakeOrder("a1", delivered)]
     scheduler.batch_done(i0, i0.batches[-1], 1000, woken_a)
     assert delivered == ["a1", "b1"]
+
+
+def test_a_backlogged_sequence_whose_end_is_queued_still_runs() -> None:
+    """Triton keeps a backlogged sequence's queue (END included) until a slot frees."""
+    scheduler, (i0,), _ = make(oldest=OldestPolicy(max_candidate_sequences=1))
+    scheduler.enqueue(request("a1", 1, START))
+    scheduler.enqueue(request("b1", 2, START))  # backlogged: one candidate sequence
+    scheduler.enqueue(request("b2", 2, END))  # ends it while it still waits
+    scheduler.enqueue(request("a2", 1, END))
+    for _ in range(4):
+        finish(scheduler, i0)
+    assert batches(i0) == [["a1"], ["a2"], ["b1"], ["b2"]]
+    assert scheduler.is_idle() and scheduler.stats.pending == 0
+
+
+def test_a_backlogged_sequence_cancelled_leaves_the_backlog() -> None:
+    scheduler, (i0,), _ = make(oldest=OldestPolicy(max_candidate_sequences=1))
+    scheduler.enqueue(request("a1", 1, START))
+    b1 = request("b1", 2, START)
+    scheduler.enqueue(b1)
+    b1.cancellation.cancel(CancelReason.CLIENT_CANCELLED)
+    scheduler.request_cancelled(b1)
+    scheduler.enqueue(request("c1", 3, START))  # backlogged behind nobody now
+    scheduler.enqueue(request("a2", 1, END))
+    for _ in range(3):
+        finish(scheduler, i0)
+    assert batches(i0) == [["a1"], ["a2"], ["c1"]]

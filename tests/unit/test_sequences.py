@@ -27,6 +27,7 @@ from tritium.scheduling.policy import (
     SequenceControl,
     SequencePolicy,
 )
+from tritium.scheduling.sequence_direct import DirectSequenceScheduler
 from tritium.scheduling.sequences import SequenceScheduler
 
 MS = 1_000_000
@@ -52,7 +53,7 @@ def make(instances: int = 2, idle_us: int = 1_000_000, max_batch_size: int = 0,
     clock = ManualClock()
     policy = SchedulerPolicy(max_batch_size=max_batch_size,
                              sequence=SequencePolicy(max_idle_us=idle_us, controls=controls))
-    scheduler = SequenceScheduler("acc", 1, policy, clock=clock)
+    scheduler = DirectSequenceScheduler("acc", 1, policy, clock=clock)
     pool = [FakeInstance(f"i{n}") for n in range(instances)]
     scheduler.add_instances(pool)
     return scheduler, pool, clock
@@ -112,20 +113,17 @@ def test_sequences_keep_to_their_instance_one_request_at_a_time() -> None:
     assert scheduler.is_idle()
 
 
-def test_a_new_sequence_goes_to_the_instance_with_fewest_sequences() -> None:
+def test_a_new_sequence_takes_a_free_instance_or_waits_for_one() -> None:
+    """Triton's direct strategy without batching: one sequence slot per instance; a new
+    sequence that finds none free waits in the backlog until a sequence ends."""
     scheduler, (i0, i1), _ = make()
     for n, cid in enumerate((1, 2, 3)):
         scheduler.enqueue(request(f"s{n}", cid, START))
-    finish(scheduler, i0)
+    assert (i0.ids(), i1.ids()) == (["s0"], ["s1"])
+    scheduler.enqueue(request("end1", 2, END))
     finish(scheduler, i1)
-    assert (i0.ids(), i1.ids()) == (["s0", "s2"], ["s1"])
-    finish(scheduler, i0)
-    scheduler.enqueue(request("end0", 1, END))  # i0 now has one sequence, like i1
-    scheduler.enqueue(request("end2", 3, END))  # i0: none
-    scheduler.enqueue(request("s4", 4, START))
-    finish(scheduler, i0)
-    finish(scheduler, i0)
-    assert i0.ids()[-1] == "s4" and i1.ids() == ["s1"]
+    finish(scheduler, i1)  # end1 ran: its slot goes to the backlogged sequence
+    assert (i0.ids(), i1.ids()) == (["s0"], ["s1", "end1", "s2"])
 
 
 def test_end_releases_the_sequence() -> None:
@@ -143,9 +141,12 @@ def test_start_on_an_active_sequence_restarts_it_on_the_same_instance() -> None:
     scheduler.enqueue(request("b1", 2, START))
     finish(scheduler, i0)
     scheduler.enqueue(request("a-new", 1, START))
-    scheduler.enqueue(request("c1", 3, START))  # i0 holds one sequence again, as i1 does
+    scheduler.enqueue(request("c1", 3, START))  # both slots are held: c waits
     finish(scheduler, i0)
-    assert i0.ids() == ["a1", "a-new", "c1"] and i1.ids() == ["b1"]
+    assert i0.ids() == ["a1", "a-new"] and i1.ids() == ["b1"]
+    scheduler.enqueue(request("a-end", 1, END))
+    finish(scheduler, i0)
+    assert i0.ids() == ["a1", "a-new", "a-end", "c1"]
 
 
 def test_an_idle_sequence_is_released(caplog: pytest.LogCaptureFixture) -> None:

@@ -83,6 +83,9 @@ class ModelRepository(Protocol):
     def resolve(self, name: str, version: int | None) -> ModelHandle:
         """The version to serve; raises TritiumError if there is none."""
 
+    def resolve_member(self, key: str, version: int | None) -> ModelHandle:
+        """``resolve`` for an ensemble's step: ``key`` may be one no request can name."""
+
     def ready_versions(self, name: str) -> list[int]: ...
 
     def index(self, ready_only: bool) -> list[IndexEntry]: ...

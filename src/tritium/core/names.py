@@ -17,6 +17,10 @@ _SHOWN_CHARS = 64
 # message. Control characters (NUL included) would cut or forge paths and log lines.
 _REFUSED = re.compile("[\x00-\x1f\x7f/" + re.escape(STUB_INVALID_CHARS) + "]")
 _PATH_CHARS = frozenset("/\\")
+# Joins a model's name and its namespace (its repository) into the key of a model whose
+# name other repositories share (``--model-namespacing``): '/' is in no model name, so a
+# key is never a name a request could use.
+NAMESPACE_SEPARATOR = "/"
 
 
 def check_model_name(name: str) -> str:
@@ -71,3 +75,13 @@ def _character_problem(char: str) -> str:
 
 def _utf8_size(name: str) -> int:
     return len(name.encode("utf-8", "surrogatepass"))
+
+
+def qualified(name: str, namespace: str) -> str:
+    """The key of model ``name`` of repository ``namespace``."""
+    return f"{name}{NAMESPACE_SEPARATOR}{namespace}"
+
+
+def plain_name(key: str) -> str:
+    """The model name a key stands for."""
+    return key.partition(NAMESPACE_SEPARATOR)[0]

@@ -100,6 +100,17 @@ class InferenceService:
     def model(self, name: str, version: int | None = None) -> ModelHandle:
         return self.repository.resolve(name, version)
 
+    def member_model(self, key: str, version: int | None = None) -> ModelHandle:
+        """An ensemble step's model, by its plan's key (qualified by its repository where
+        several repositories have that name)."""
+        return self.repository.resolve_member(key, version)
+
+    def member_ready(self, key: str, version: int | None = None) -> bool:
+        try:
+            return self.repository.resolve_member(key, version).is_ready()
+        except TritiumError:
+            return False
+
     def model_ready(self, name: str, version: int | None = None) -> bool:
         try:
             return self.repository.resolve(name, version).is_ready()

@@ -75,6 +75,7 @@ class EnsembleModel:
         self.config = config
         self.config_json: dict[str, Any] = config_to_json(config)
         self.load_seconds = 0.0
+        self.namespace = ""  # its repository, under --model-namespacing (a metrics label)
         self.accepting = True
         self._stats = ModelStatistics()
         if self.decoupled and config.response_cache.enable:
@@ -92,7 +93,7 @@ class EnsembleModel:
         for step in self.plan.steps:
             version = None if step.model_version < 0 else step.model_version
             try:
-                if self.service.model(step.model_name, version).decoupled:
+                if self.service.member_model(step.model_key, version).decoupled:
                     return True
             except TritiumError:
                 continue  # validation at load refuses a missing model; a request will too
@@ -104,8 +105,8 @@ class EnsembleModel:
         restarting is not): a request now would wait or fail in that step."""
         if not self.accepting:
             return False
-        model_ready = self.service.model_ready
-        return all(model_ready(step.model_name,
+        member_ready = self.service.member_ready
+        return all(member_ready(step.model_key,
                                None if step.model_version < 0 else step.model_version)
                    for step in self.plan.steps)
 

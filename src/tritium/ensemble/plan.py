@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tritium.core.names import qualified
+
 
 @dataclass(frozen=True, slots=True)
 class EnsembleStep:
@@ -17,6 +19,16 @@ class EnsembleStep:
     # The composing model's tensor name -> the ensemble-wide tensor name it reads/writes.
     input_map: Mapping[str, str]
     output_map: Mapping[str, str]
+    # The model's repository when other repositories have a model of that name
+    # (``--model-namespacing``): Triton's ``model_namespace``, set at load.
+    model_namespace: str = ""
+
+    @property
+    def model_key(self) -> str:
+        """How the server finds the step's model (its name, unless namespaced)."""
+        if not self.model_namespace:
+            return self.model_name
+        return qualified(self.model_name, self.model_namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +40,8 @@ class EnsemblePlan:
 
     @property
     def composing_models(self) -> tuple[str, ...]:
-        """Each composing model's name once, in step order."""
-        return tuple(dict.fromkeys(step.model_name for step in self.steps))
+        """Each composing model's key once, in step order."""
+        return tuple(dict.fromkeys(step.model_key for step in self.steps))
 
     @classmethod
     def from_config(cls, config: Any) -> EnsemblePlan:
@@ -42,6 +54,7 @@ class EnsemblePlan:
                 model_version=step.model_version,
                 input_map=dict(step.input_map),
                 output_map=dict(step.output_map),
+                model_namespace=step.model_namespace,
             )
             for step in config.ensemble_scheduling.step
         )

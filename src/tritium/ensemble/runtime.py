@@ -5,6 +5,10 @@ Runs on the server loop only. Each step is an ordinary request to its model thro
 client's request would. Every step's cancellation follows the run's own, which follows
 the ensemble request's: when the client leaves, a queued step is dropped by its scheduler,
 an executing one sees ``is_cancelled()``, and no further step is started.
+
+A step's error, as in Triton's EnsembleContext, starts no further step and is answered once
+the steps already running have finished (their outputs are dropped); a later step's error
+replaces it. A client that leaves meanwhile still stops them at once.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class EnsembleRun:
         self._in_flight = 0
         self._closed = False  # a final response (or the cancellation's error) was sent
         self._held: InferenceResponse | None = None
+        self._error: TritiumError | None = None  # the run failed: answered once none runs
         self._tasks: set[asyncio.Task[None]] = set()
         self.times = StepTimes()
 
@@ -118,10 +123,14 @@ class EnsembleRun:
         and end the request once no step is left running."""
         if self._closed:
             return
+        if self._error is not None:
+            self._answer_failure()
+            return
         board = self._board
         for run in board.ready_steps(updated):
             self._launch(run)
-            if self._closed:
+            if self._closed or self._error is not None:
+                self._answer_failure()
                 return
         try:
             responses = [self._response(board.take_outputs(iteration))
@@ -152,16 +161,21 @@ class EnsembleRun:
         """Submit the step's request and read its responses; False if it was not sent."""
         if self._closed:
             return False
+        if self._error is not None:  # failed while this step waited for its turn
+            self._in_flight -= 1
+            self._answer_failure()
+            return False
         step = self._plan.steps[run.step]
         version = None if step.model_version < 0 else step.model_version
         cancellation = Cancellation.following(self._service.loop, (self._steps_cancellation,))
         try:
-            model = self._service.model(step.model_name, version)
+            model = self._service.member_model(step.model_key, version)
             child, batch = self._child_request(model, run, inputs)
             stream = self._service.submit(child, cancellation, allow_decoupled=True,
                                           internal=True, model=model)
         except TritiumError as exc:
             cancellation.detach()
+            self._in_flight -= 1
             self._fail(exc)
             return False
         task = self._service.loop.create_task(self._pump(run, stream, batch))
@@ -211,14 +225,16 @@ class EnsembleRun:
             async for response in stream:
                 if self._closed:
                     return  # the step was cancelled with the run; its answers are not wanted
-                if response.error is not None:
-                    self._fail(response.error)
-                    return
-                updated = [] if response.flag_only else self._store(run.step, response, batch)
                 if response.final:
                     self._in_flight -= 1
                     self.times.compute_ns += time.monotonic_ns() - started
-                self._advance(updated)
+                if response.error is not None:
+                    self._fail(response.error)
+                elif self._error is not None:
+                    self._answer_failure()  # a running step ended: the last one answers
+                else:
+                    self._advance([] if response.flag_only
+                                  else self._store(run.step, response, batch))
         finally:
             self._limits.release(run.step)
 
@@ -260,13 +276,20 @@ class EnsembleRun:
         self._send(held)
 
     def _fail(self, error: TritiumError) -> None:
-        """End the request with ``error`` (named after the ensemble, as Triton words it)
-        and stop the steps still running."""
+        """The run failed with ``error``: answered once no step is running."""
         if self._closed:
+            return
+        self._error = error
+        self._answer_failure()
+
+    def _answer_failure(self) -> None:
+        """End the failed request with its error (named after the ensemble, as Triton words
+        it) once its last running step has finished."""
+        error = self._error
+        if self._closed or error is None or self._in_flight:
             return
         self._send(InferenceResponse.failure(TritiumError(
             error.code, f"in ensemble '{self._plan.name}', {error.message}")))
-        self._steps_cancellation.cancel(CancelReason.PARENT_CANCELLED)
         self._stop_pumps()
 
     def _send(self, response: InferenceResponse) -> None:

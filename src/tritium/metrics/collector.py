@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from tritium.core.statistics import STOP_BUCKETS_MS, ModelStatistics
 from tritium.metrics import generation
+from tritium.metrics.labels import label_names, label_values, model_labels
 
 log = logging.getLogger("tritium.metrics")
 
@@ -198,8 +199,7 @@ class TritonCollector(Collector):
         self._models = models
 
     def collect(self) -> Iterator[Metric]:
-        models = [(m, m.statistics(), {"model": m.name, "version": str(m.version)})
-                  for m in self._models()]
+        models = [(m, m.statistics(), model_labels(m)) for m in self._models()]
         for name, text, read in COUNTERS:
             family = _counter(name, text)
             for _, stats, labels in models:
@@ -238,16 +238,17 @@ class TritonCollector(Collector):
     def _pending(self, models: list[Any]) -> Metric:
         family = GaugeMetricFamily(PENDING,
                                    "Instantaneous number of pending requests awaiting execution "
-                                   "per-model.", labels=("model", "version"))
+                                   "per-model.", labels=(names := label_names(models)))
         for _, stats, labels in models:
-            family.add_metric((labels["model"], labels["version"]), max(stats.pending, 0))
+            family.add_metric(label_values(labels, names), max(stats.pending, 0))
         return family
 
     def _load_time(self, models: list[Any]) -> Metric:
         family = GaugeMetricFamily(LOAD_TIME,
-                                   "Model load time in seconds", labels=("model", "version"))
+                                   "Model load time in seconds",
+                                   labels=(names := label_names(models)))
         for model, _, labels in models:
-            family.add_metric((labels["model"], labels["version"]), model.load_seconds)
+            family.add_metric(label_values(labels, names), model.load_seconds)
         return family
 
     def _cancellations(self, models: list[Any]) -> Metric:
@@ -278,12 +279,12 @@ class TritonCollector(Collector):
             STOP_DELAY,
             "Delay from a cancellation to the model's work stopping (execute() returned, or "
             "FINAL sent by a decoupled model), in milliseconds",
-            labels=("model", "version"),
+            labels=(names := label_names(models)),
         )
         for _, stats, labels in models:
             buckets = [(str(bound), count) for bound, count in
                        zip(STOP_BUCKETS_MS, stats.cancel_stop_buckets, strict=True)]
             buckets.append(("+Inf", stats.cancel_stop.count))
-            family.add_metric((labels["model"], labels["version"]), buckets,
+            family.add_metric(label_values(labels, names), buckets,
                               stats.cancel_stop.ns / 1e6)
         yield family

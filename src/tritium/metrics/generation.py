@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from tritium.core.llm_statistics import OUTCOMES, GenerationSnapshot, Histogram
+from tritium.metrics.labels import label_names, label_values
 
 REQUESTS = "tritium_openai_request"
 PROMPT_TOKENS = "tritium_openai_prompt_tokens"
@@ -65,10 +66,11 @@ def _tokens(name: str, text: str, snapshots: list[tuple[GenerationSnapshot, Labe
 
 def _histogram(name: str, text: str, snapshots: list[tuple[GenerationSnapshot, Labels]],
                read: Any) -> Metric:
-    family = HistogramMetricFamily(name, text, labels=("model", "version"))
+    names = label_names(snapshots)
+    family = HistogramMetricFamily(name, text, labels=names)
     for snapshot, labels in snapshots:
         histogram: Histogram = read(snapshot)
         buckets = [("+Inf" if bound == float("inf") else str(bound), count)
                    for bound, count in histogram.cumulative()]
-        family.add_metric((labels["model"], labels["version"]), buckets, histogram.total)
+        family.add_metric(label_values(labels, names), buckets, histogram.total)
     return family

@@ -13,6 +13,7 @@ from google.protobuf import json_format, text_format
 from tritium.core.config_pb import model_config_pb2 as pb
 from tritium.core.types import DataType, TensorSpec
 from tritium.ensemble.validation import is_ensemble
+from tritium.repository.batch_io import validate_batch_io
 from tritium.repository.scan import find_models
 from tritium.repository.validation import (
     ConfigError,
@@ -151,6 +152,7 @@ def finish_model_config(model_dir: Path, prepared: PreparedConfig,
             config = _auto_complete(model_dir, config, auto_complete)
             _normalize(config)
         validate_model_config(config)
+        validate_batch_io(config)
     except ConfigError as exc:
         if not prepared.source:
             raise

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tritium.core.errors import TritiumError
+from tritium.core.names import plain_name, qualified
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.ensemble.validation import (
     MAX_DEPTH,
@@ -34,7 +35,6 @@ from tritium.ensemble.validation import (
 )
 from tritium.repository.config import read_model_config
 from tritium.repository.poll import fingerprint
-from tritium.repository.scan import find_models
 
 if TYPE_CHECKING:
     from tritium.core.model import ModelHandle
@@ -55,6 +55,9 @@ class DependencyRules:
         repositories: list[Path]
         _locks: NameLocks
         _installs: int
+        _ambiguous: dict[str, list[str]]
+
+        def _scan(self) -> tuple[dict[str, Path], dict[str, str]]: ...
 
         async def _install(self, name: str, model_dir: Path, overrides: Any = None,
                            holder: Any = None, on_failure: Any = ...,
@@ -72,13 +75,14 @@ class DependencyRules:
 
         def ready_versions(self, name: str) -> list[int]: ...
 
-        def resolve(self, name: str, version: int | None) -> ModelHandle: ...
+        def resolve_member(self, key: str, version: int | None) -> ModelHandle: ...
 
     # -- loading an ensemble ---------------------------------------------------------------
     async def _prepare_ensemble(self, entry: ModelEntry, config: Any, chain: tuple[str, ...],
                                 load_composing: bool = True) -> Any:
         """The ensemble's config once its composing models serve and agree with it, with
         ``decoupled`` set as Triton sets it; raises TritiumError (the ensemble's reason)."""
+        config = self._with_namespaces(entry, config)
         plan = EnsemblePlan.from_config(config)
         entry.composing = plan.composing_models
         if load_composing:
@@ -97,13 +101,13 @@ class DependencyRules:
                                 chain: tuple[str, ...]) -> None:
         if len(chain) > 2 * MAX_DEPTH:  # a backstop: _check_nesting judged the top
             raise nested_too_deep(name)
-        found, _ = find_models(self.repositories)
+        found, _ = self._scan()
         missing = [m for m in plan.composing_models if m not in found and not self._serving(m)]
         if missing:
-            raise unavailable_models(name, missing)
+            raise unavailable_models(name, [plain_name(m) for m in missing])
         for model in plan.composing_models:
             if model in chain:
-                raise circular_dependency(model, name)
+                raise circular_dependency(plain_name(model), name)
             if model not in found:
                 continue  # serving from a load request's own files
             async with self._locks.hold(model):
@@ -120,7 +124,7 @@ class DependencyRules:
     def _check_nesting(self, name: str, plan: EnsemblePlan) -> None:
         """Refuse an ensemble with ensembles nested more than MAX_DEPTH deep under it, from
         their configs, level by level (a cycle is left to the load to report)."""
-        found, _ = find_models(self.repositories)
+        found, _ = self._scan()
         seen = {name}
         level = {m for m in plan.composing_models if m in found}
         for depth in range(1, MAX_DEPTH + 2):
@@ -158,17 +162,33 @@ class DependencyRules:
         """Each composing model's config (its latest ready version's, as Triton checks)."""
         configs: dict[str, Any] = {}
         for step in plan.steps:
-            model = step.model_name
-            ready = self.ready_versions(model)
+            model, key = step.model_name, step.model_key
+            ready = self.ready_versions(key)
             if not ready:
-                raise self._dependency_error(name, model)
+                raise self._dependency_error(name, key)
             if step.model_version != -1 and step.model_version not in ready:
                 raise version_not_loaded(name, model, step.model_version)
-            configs[model] = self.resolve(model, None).config
+            configs[model] = self.resolve_member(key, None).config
         return configs
 
-    def _dependency_error(self, name: str, model: str) -> EnsembleConfigError:
-        entry = self.models.get(model)
+    def _with_namespaces(self, entry: ModelEntry, config: Any) -> Any:
+        """``config`` with Triton's ``model_namespace`` on each step whose model's name
+        several repositories have: the ensemble's own repository, where it has that model
+        (elsewhere none of them is a match, as in Triton)."""
+        steps = config.ensemble_scheduling.step
+        if not any(step.model_name in self._ambiguous for step in steps):
+            return config
+        namespace = str(entry.model_dir.parent) if entry.model_dir is not None else ""
+        completed = type(config)()
+        completed.CopyFrom(config)
+        for step in completed.ensemble_scheduling.step:
+            keys = self._ambiguous.get(step.model_name, ())
+            if qualified(step.model_name, namespace) in keys:
+                step.model_namespace = namespace
+        return completed
+
+    def _dependency_error(self, name: str, key: str) -> EnsembleConfigError:
+        entry, model = self.models.get(key), plain_name(key)
         if entry is None:
             return dependency_not_loaded(name, model)
         reasons = [entry.reason] + [f"version {v}: {s.reason}"

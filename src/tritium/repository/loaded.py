@@ -26,8 +26,8 @@ from tritium.repository.validation import ConfigError
 from tritium.repository.warmup import WarmupRoute, warm_up, warmup_samples
 from tritium.scheduling.rate_limiter import Gate, RateLimiter
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
+from tritium.scheduling.sequence_direct import DirectSequenceScheduler
 from tritium.scheduling.sequence_oldest import OldestSequenceScheduler
-from tritium.scheduling.sequences import SequenceScheduler
 
 log = logging.getLogger("tritium.repository")
 
@@ -66,6 +66,7 @@ class LoadedModel:
         self._gates: list[Gate] = []  # the instances as the scheduler sees them, when limited
         self.cache = cache_for(config, response_cache, version, self.scheduler.stats)
         self.load_seconds = 0.0
+        self.namespace = ""  # its repository, under --model-namespacing (a metrics label)
         # Admitted requests whose final response has not been sent: what an unload waits
         # for. (The service's own set holds them too: a shutdown asks about every model.)
         self._admitted: InFlight[AdmittedRequest] = InFlight()
@@ -248,5 +249,5 @@ def _scheduler(name: str, version: int, config: Any, decoupled: bool, model_dir:
     if policy.sequence is not None:
         if policy.sequence.oldest is not None:
             return OldestSequenceScheduler(name, version, policy, decoupled)
-        return SequenceScheduler(name, version, policy, decoupled)
+        return DirectSequenceScheduler(name, version, policy, decoupled)
     return ModelScheduler(name, version, policy, decoupled)

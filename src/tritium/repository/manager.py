@@ -20,7 +20,7 @@ from typing import Any
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.model import IndexEntry, ModelState
-from tritium.core.names import check_model_name
+from tritium.core.names import NAMESPACE_SEPARATOR, check_model_name, plain_name
 from tritium.core.response_cache import ResponseCache
 from tritium.ensemble.plan import EnsemblePlan
 from tritium.ensemble.validation import is_ensemble
@@ -107,6 +107,12 @@ class ModelEntry:
     # again). Only ``_swap`` makes a version READY, and it clears this; a slot that left
     # READY since is noticed by its state.
     latest: VersionEntry | None = None
+    # ``name`` is a key qualified by its repository (--model-namespacing): only the
+    # ensembles of that repository reach it.
+    namespaced: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.namespaced = NAMESPACE_SEPARATOR in self.name
 
 
 class ModelManager(DependencyRules):
@@ -125,6 +131,7 @@ class ModelManager(DependencyRules):
         load_retries: int = 0,
         response_cache: ResponseCache | None = None,
         config_name: str | None = None,
+        namespacing: bool = False,
         rate_limiter: RateLimiter | None = None,
     ):
         self.repositories = repositories
@@ -148,22 +155,40 @@ class ModelManager(DependencyRules):
         # --model-config-name: read configs/<name>.pbtxt where a model has one.
         self.config_name = config_name
         self.rate_limiter = rate_limiter  # --rate-limit execution_count; None: off
+        # --model-namespacing: a name in several repositories -> the keys of its models.
+        self.namespacing = namespacing
+        self._ambiguous: dict[str, list[str]] = {}
+
+    def _scan(self) -> tuple[dict[str, Path], dict[str, str]]:
+        """``find_models`` of the repositories; notes which names several of them share."""
+        found, broken = find_models(self.repositories, self.namespacing)
+        ambiguous: dict[str, list[str]] = {}
+        for key in found:
+            if NAMESPACE_SEPARATOR in key:
+                ambiguous.setdefault(plain_name(key), []).append(key)
+        self._ambiguous = ambiguous
+        return found, broken
+
+    def _keys_for(self, name: str) -> list[str]:
+        """The models a load or unload of ``name`` acts on: every model of that name, as
+        Triton's namespacing has it."""
+        return self._ambiguous.get(name) or [name]
 
     # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
         """Load what the control mode says to load at startup (``*`` means all)."""
-        found, broken = find_models(self.repositories)
+        found, broken = self._scan()
         everything = self.control_mode is not ControlMode.EXPLICIT or "*" in names
         for name, reason in broken.items():
             if everything or name in names:  # one never asked for does not fail startup
                 self.models[name] = ModelEntry(name, None, reason=reason)
         wanted = sorted(found)
         if not everything:
-            wanted = [n for n in wanted if n in names]
+            wanted = [n for n in wanted if plain_name(n) in names]
             for name in names:
-                if name not in found and name not in broken:
+                if name not in found and name not in broken and name not in self._ambiguous:
                     self.models[name] = ModelEntry(name, None, reason="model not found")
-            for name in found.keys() - set(wanted):
+            for name in sorted(found.keys() - set(wanted)):
                 self.models[name] = ModelEntry(name, found[name], reason=UNLOADED)
         # Plain models first, all at once; then each ensemble, which loads or checks its
         # composing models (nested ensembles first) before itself.
@@ -186,6 +211,14 @@ class ModelManager(DependencyRules):
         check_model_name(name)
         # Decoding megabytes of base64 and JSON is kept off the loop.
         overrides = await asyncio.to_thread(parse_overrides, name, parameters)
+        self._scan()
+        keys = self._keys_for(name)
+        if len(keys) > 1 and (overrides.config is not None or overrides.files):
+            raise _ambiguous_error(name, len(keys))
+        for key in keys:
+            await self._load_one(key, overrides)
+
+    async def _load_one(self, name: str, overrides: LoadOverrides) -> None:
         try:
             async with self._locks.hold(name):
                 holder = await self._write_overrides(name, overrides)
@@ -205,17 +238,19 @@ class ModelManager(DependencyRules):
         """Take ``name`` out of service at once; its admitted requests drain meanwhile."""
         self._check_explicit()
         check_model_name(name)
-        async with self._locks.hold(name):
-            self._retire_entry(name)
-        # Triton's name for it: the models this one depends on (an ensemble's composing
-        # models) are unloaded too, unless loaded on their own or used by another.
-        if parameters.get("unload_dependents") is True:
-            await self._unload_composing(name)
+        for key in self._keys_for(name):
+            async with self._locks.hold(key):
+                self._retire_entry(key)
+            # Triton's name for it: the models this one depends on (an ensemble's
+            # composing models) are unloaded too, unless loaded on their own or used by
+            # another.
+            if parameters.get("unload_dependents") is True:
+                await self._unload_composing(key)
         await self._settle()
 
     async def sync_with_repository(self) -> None:
         """Poll mode: load added models, unload removed ones, reload changed ones."""
-        found, broken = find_models(self.repositories)
+        found, broken = self._scan()
         for name in sorted(self.models.keys() - found.keys()):
             if self._serving(name):
                 log.info("model '%s' was removed from the repository: unloading", name)
@@ -267,7 +302,7 @@ class ModelManager(DependencyRules):
         return entry is not None and entry.override_dir is holder
 
     def _repository_dir(self, name: str) -> Path:
-        found, broken = find_models(self.repositories)
+        found, broken = self._scan()
         if name in broken:
             raise TritiumError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {broken[name]}")
         if name not in found:
@@ -359,6 +394,8 @@ class ModelManager(DependencyRules):
         for attempt in range(self.load_retries + 1):
             try:
                 model = self._new_version(model_dir, version, config)
+                if self.namespacing:
+                    model.namespace = self._namespace_of(name, model_dir)
                 await self._start_in_slot(model)
             except Exception as exc:
                 reason = _reason(exc)
@@ -370,6 +407,15 @@ class ModelManager(DependencyRules):
                 return reason
             return model
         raise AssertionError("unreachable: the last try returns")
+
+    def _namespace_of(self, key: str, model_dir: Path) -> str:
+        """Triton's namespace of a model: the repository it was found in."""
+        if NAMESPACE_SEPARATOR in key:
+            return key.partition(NAMESPACE_SEPARATOR)[2]
+        for repository in self.repositories:
+            if model_dir.parent == repository or (repository / key).is_dir():
+                return str(repository)
+        return ""
 
     async def _start_in_slot(self, model: ServedVersion) -> None:
         if self._load_slots is None:
@@ -529,11 +575,32 @@ class ModelManager(DependencyRules):
     # -- ModelRepository -----------------------------------------------------------
     def resolve(self, name: str, version: int | None) -> ServedVersion:
         entry = self.models.get(name)
-        if entry is None:
+        if entry is None or entry.namespaced:
             check_model_name(name)  # only here: a name that resolves needs no check
+            keys = self._ambiguous.get(name)
+            if keys:
+                raise _ambiguous_error(name, len(keys))
             raise TritiumError(
                 ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}' is not found"
             )
+        if version is None:  # ``_version_of``'s first case, written out: every request
+            latest = entry.latest
+            if latest is None or latest.state is not _READY:
+                latest = entry.latest = _latest_ready(entry)
+            model = latest.model
+            assert model is not None  # a READY slot holds its model (see _swap)
+            return model
+        return self._version_of(entry, version)
+
+    def resolve_member(self, key: str, version: int | None) -> ServedVersion:
+        """An ensemble step's model: ``key`` may be qualified by its repository."""
+        entry = self.models.get(key)
+        if entry is None:
+            raise TritiumError(ErrorCode.INVALID_ARG,
+                               f"Request for unknown model: '{plain_name(key)}' is not found")
+        return self._version_of(entry, version)
+
+    def _version_of(self, entry: ModelEntry, version: int | None) -> ServedVersion:
         if version is None:
             latest = entry.latest
             if latest is None or latest.state is not _READY:
@@ -547,7 +614,8 @@ class ModelManager(DependencyRules):
         if slot is None or slot.model is None or slot.state not in _REACHABLE:
             raise TritiumError(
                 ErrorCode.UNAVAILABLE,
-                f"Request for unknown model: '{name}' version {version} is not at ready state",
+                f"Request for unknown model: '{plain_name(entry.name)}' version {version} is "
+                "not at ready state",
             )
         return slot.model
 
@@ -559,8 +627,8 @@ class ModelManager(DependencyRules):
 
     def index(self, ready_only: bool) -> list[IndexEntry]:
         rows: list[IndexEntry] = []
-        for name in sorted(self.models):
-            entry = self.models[name]
+        for key in sorted(self.models, key=lambda key: (plain_name(key), key)):
+            entry, name = self.models[key], plain_name(key)
             if not entry.versions:
                 if not ready_only:
                     rows.append(IndexEntry(name, None, ModelState.UNAVAILABLE, entry.reason))
@@ -619,10 +687,17 @@ def _latest_ready(entry: ModelEntry) -> VersionEntry:
     if latest is None:
         raise TritiumError(
             ErrorCode.UNAVAILABLE,
-            f"Request for unknown model: '{entry.name}' has no available versions"
+            f"Request for unknown model: '{plain_name(entry.name)}' has no available versions"
             + (f": {entry.reason}" if entry.reason else ""),
         )
     return latest
+
+
+def _ambiguous_error(name: str, count: int) -> TritiumError:
+    """Triton's words for a name that models of several repositories have."""
+    return TritiumError(ErrorCode.INVALID_ARG,
+                        f"There are {count} identifiers of model '{name}' in global map, model "
+                        "namespace must be provided to resolve ambiguity.")
 
 
 def _reason(exc: BaseException) -> str:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tritium.core.names import qualified
 from tritium.repository.validation import ConfigError
 
 DUPLICATE_REASON = "model appears in two or more repositories"
 
 
-def find_models(repositories: list[Path]) -> tuple[dict[str, Path], dict[str, str]]:
-    """(model name → model directory, model name → why it cannot load), names sorted.
+def find_models(repositories: list[Path], namespacing: bool = False
+                ) -> tuple[dict[str, Path], dict[str, str]]:
+    """(model key → model directory, model name → why it cannot load), keys sorted.
 
-    A name present in two repositories cannot load, but the rest of both repositories
-    still can. A repository that is missing, unreadable or not a directory raises
-    ConfigError: the server cannot start without it.
+    A model's key is its name, unless ``namespacing`` lets its name be in two repositories:
+    then each is ``qualified`` by its repository. Without it such a name cannot load, but
+    the rest of both repositories still can. A repository that is missing, unreadable or
+    not a directory raises ConfigError: the server cannot start without it.
     """
     found: dict[str, list[Path]] = {}
     for repository in repositories:
@@ -26,6 +29,9 @@ def find_models(repositories: list[Path]) -> tuple[dict[str, Path], dict[str, st
         dirs = found[name]
         if len(dirs) == 1:
             models[name] = dirs[0]
+        elif namespacing:
+            for model_dir in dirs:
+                models[qualified(name, str(model_dir.parent))] = model_dir
         else:
             reasons[name] = DUPLICATE_REASON
     return models, reasons

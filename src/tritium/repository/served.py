@@ -15,6 +15,7 @@ class ServedVersion(ModelHandle, Protocol):
     """What a version slot holds: a ``LoadedModel``, or an ensemble's handle."""
 
     load_seconds: float
+    namespace: str  # its repository under --model-namespacing, else ""
 
     async def start(self, loop: asyncio.AbstractEventLoop, builder: InstanceBuilder
                     ) -> None: ...

@@ -66,7 +66,7 @@ def _state(state: Any, max_batch_size: int, model_dir: Path | None) -> ImplicitS
         # zeros are one such content.
         shape = batch + tuple(1 if dim == -1 else dim for dim in state.dims)
         return ImplicitState(state.input_name, state.output_name, datatype, shape,
-                             _frozen(_zeros(datatype, shape)))
+                             _frozen(zeros(datatype, shape)))
     initial = state.initial_state[0]
     shape = batch + _initial_dims(initial, state)
     return ImplicitState(state.input_name, state.output_name, datatype, shape,
@@ -99,7 +99,7 @@ def _initial_data(initial: Any, state: Any, datatype: DataType, shape: tuple[int
                   model_dir: Path | None) -> np.ndarray:
     which = initial.WhichOneof("state_data")
     if which == "zero_data":
-        return _zeros(datatype, shape)
+        return zeros(datatype, shape)
     if which != "data_file":
         raise invalid(f"initial_state setting expects state'{state.input_name}' to have "
                       "state_data set")
@@ -124,7 +124,8 @@ def _initial_data(initial: Any, state: Any, datatype: DataType, shape: tuple[int
     return np.frombuffer(data[:needed], dtype=datatype.numpy).reshape(shape)
 
 
-def _zeros(datatype: DataType, shape: tuple[int, ...]) -> np.ndarray:
+def zeros(datatype: DataType, shape: tuple[int, ...]) -> np.ndarray:
+    """Zeros of ``datatype`` (empty strings for BYTES)."""
     if datatype is DataType.BYTES:
         return np.full(shape, b"", dtype=np.object_)
     return np.zeros(shape, dtype=datatype.numpy)

@@ -106,6 +106,14 @@ class OldestPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class DirectPolicy:
+    """``sequence_batching.direct``: when a batch of a model's slots may wait for more."""
+
+    max_queue_delay_us: int = 0
+    minimum_slot_utilization: float = 0.0  # with no delay, or 0: a batch never waits
+
+
+@dataclass(frozen=True, slots=True)
 class SequencePolicy:
     """A model's ``sequence_batching`` settings."""
 
@@ -115,6 +123,7 @@ class SequencePolicy:
     # its own, and the model may reschedule the requests it executes.
     iterative: bool = False
     oldest: OldestPolicy | None = None  # None: the direct strategy
+    direct: DirectPolicy = DirectPolicy()
     states: tuple[ImplicitState, ...] = ()
 
     @classmethod
@@ -138,11 +147,14 @@ class SequencePolicy:
                                   tuple(settings.preferred_batch_size),
                                   settings.max_queue_delay_microseconds,
                                   settings.preserve_ordering)
+        direct = DirectPolicy(message.direct.max_queue_delay_microseconds,
+                              message.direct.minimum_slot_utilization)
         return cls(
             max_idle_us=message.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_US,
             controls=tuple(controls),
             iterative=message.iterative_sequence,
             oldest=oldest,
+            direct=direct,
             states=implicit_states(message, max_batch_size, model_dir),
         )
 
@@ -183,6 +195,11 @@ class SchedulerPolicy:
     priority_queue_policies: tuple[tuple[int, QueuePolicy], ...] = ()
     # Set for a stateful model (``sequence_batching``): the sequence scheduler serves it.
     sequence: SequencePolicy | None = None
+    # As Triton's batchers: the inputs whose shape every request of a batch shares (a
+    # variable dimension, no ``allow_ragged_batch``), and whether the model has optional
+    # inputs (then the requests of a batch carry the same inputs).
+    equal_shape_inputs: tuple[str, ...] = ()
+    optional_inputs: bool = False
 
     def level_policies(self) -> list[QueuePolicy]:
         """The queue policy of each level, highest priority (Triton's level 1) first."""
@@ -208,10 +225,11 @@ class SchedulerPolicy:
     def from_config(cls, config: Any, model_dir: Path | None = None) -> SchedulerPolicy:
         """From a completed ``ModelConfig`` protobuf message (``model_dir``: where a
         sequence's initial state files are)."""
+        shapes = _batch_shapes(config)
         if config.HasField("sequence_batching"):
             sequence = SequencePolicy.from_config(config.sequence_batching, config.name,
                                                   config.max_batch_size, model_dir)
-            return cls(max_batch_size=config.max_batch_size, sequence=sequence)
+            return cls(max_batch_size=config.max_batch_size, sequence=sequence, **shapes)
         if not config.HasField("dynamic_batching"):
             return cls(max_batch_size=config.max_batch_size)
         batching = config.dynamic_batching
@@ -229,4 +247,14 @@ class SchedulerPolicy:
             default_priority=batching.default_priority_level,
             default_queue_policy=QueuePolicy.from_config(batching.default_queue_policy),
             priority_queue_policies=per_level,
+            **shapes,
         )
+
+
+def _batch_shapes(config: Any) -> dict[str, Any]:
+    """``SchedulerPolicy``'s shape rule fields, from the config's inputs (Triton's
+    ``enforce_equal_shape_tensors``: python models have no shape tensors)."""
+    equal = tuple(tensor.name for tensor in config.input
+                  if -1 in tensor.dims and not tensor.allow_ragged_batch)
+    return {"equal_shape_inputs": equal,
+            "optional_inputs": any(tensor.optional for tensor in config.input)}

@@ -134,17 +134,28 @@ class OldestSequenceScheduler(SequenceScheduler):
         if sequence.released:
             return
         super()._release(sequence)
-        if self._backlog.pop(sequence, None) is None and sequence.outstanding:
-            # As Triton frees a sequence slot only once its END request has completed.
-            self._as_batch_slot(sequence.slot).ending += 1
-            self._ending[sequence] = None
+        if sequence in self._backlog:
+            # Its queued requests (an END among them) still run once it gets room.
+            self._settle(sequence)
+            return
+        if sequence.outstanding:
+            self._hold_ending(sequence)
             return
         self._promote()
+
+    def _hold_ending(self, sequence: _Sequence) -> None:
+        """As Triton frees a sequence slot only once its END request has completed."""
+        self._as_batch_slot(sequence.slot).ending += 1
+        self._ending[sequence] = None
 
     def _settle(self, sequence: _Sequence) -> None:
         """``sequence`` has one request fewer outstanding: a released one that has none
         left makes room."""
-        if sequence.outstanding == 0 and sequence in self._ending:
+        if sequence.outstanding:
+            return
+        if sequence.released and self._backlog.pop(sequence, None) is not None:
+            return  # released in the backlog with nothing left to run
+        if sequence in self._ending:
             del self._ending[sequence]
             self._as_batch_slot(sequence.slot).ending -= 1
             self._promote()
@@ -170,9 +181,12 @@ class OldestSequenceScheduler(SequenceScheduler):
                 return
             sequence = next(iter(self._backlog))
             del self._backlog[sequence]
-            self._backlog_slot.sequences -= 1
             sequence.slot = slot
-            slot.sequences += 1
+            if sequence.released:  # its END is queued: it holds the room until that ran
+                self._hold_ending(sequence)
+            else:
+                self._backlog_slot.sequences -= 1
+                slot.sequences += 1
             self._issue(sequence)
 
     def _requeued(self, request: AdmittedRequest, sequence: _Sequence) -> None:

@@ -1,9 +1,9 @@
-"""Sequence scheduler (direct strategy): each live sequence keeps to one instance, in order.
+"""Sequence scheduling shared by the strategies: correlation ids, flags, controls, release.
 
 A stateful model keeps a sequence's state in the instance that served its first request, so
-every request of a sequence (same correlation id, from START to END) runs on that instance,
-one at a time, in arrival order. An instance (a *slot* here) serves any number of
-sequences, one request per ``execute``; a new sequence goes to the slot with the fewest.
+every request of a sequence (same correlation id, from START to END) runs on that instance
+(a *slot* here), one at a time, in arrival order. How sequences are placed on slots and
+batched is the strategy's: ``sequence_direct`` (Triton's default) and ``sequence_oldest``.
 
 A sequence is released by its END request, by ``max_sequence_idle_microseconds`` without a
 request, or by the cancellation of one of its queued requests, which cancels its other
@@ -12,7 +12,7 @@ START again.
 
 Iterative sequences (``iterative_sequence: true``), as Triton's IterativeSequencer: a request
 without a correlation id gets one of its own, with START; a request its model releases with
-RELEASE_RESCHEDULE goes back to the end of its instance's queue with neither START nor END,
+RELEASE_RESCHEDULE goes back behind its sequence's queued requests with neither START nor END,
 and the first execution that does not reschedule it ends its sequence.
 """
 
@@ -50,14 +50,10 @@ CorrelationId = int | str
 class _Slot:
     """One instance and the sequences bound to it."""
 
-    __slots__ = ("instance", "queue", "running", "sequences")
+    __slots__ = ("instance", "sequences")
 
     def __init__(self, instance: Instance):
         self.instance = instance
-        # Queued requests of its sequences in arrival order; a request that left the
-        # queue otherwise (cancelled) stays here until passed over.
-        self.queue: collections.deque[AdmittedRequest] = collections.deque()
-        self.running: _Sequence | None = None  # whose request the instance executes
         self.sequences = 0  # active (not released) sequences bound here
 
 
@@ -74,7 +70,9 @@ class _Sequence:
 
 
 class SequenceScheduler(ModelScheduler):
-    """``ModelScheduler``'s interface for a model with ``sequence_batching``."""
+    """``ModelScheduler``'s interface for a model with ``sequence_batching``; a strategy
+    places and dispatches (``add_instances``, ``batch_done``, ``_dispatch``, ``_arrived``,
+    ``_requeued``)."""
 
     def __init__(self, model_name: str, version: int, policy: SchedulerPolicy,
                  decoupled: bool = False, clock: Clock | None = None):
@@ -97,19 +95,11 @@ class SequenceScheduler(ModelScheduler):
 
     # -- instances ---------------------------------------------------------------
     def add_instances(self, instances: Sequence[Instance]) -> None:
-        for instance in instances:
-            self._slots[instance] = _Slot(instance)
-        for instance in instances:
-            self._run_next(self._slots[instance])
+        raise NotImplementedError
 
     def batch_done(self, instance: Instance, batch: list[AdmittedRequest], exec_ns: int,
                    woken: list[ResponseStream] | None = None) -> None:
-        slot = self._slots[instance]
-        sequence, slot.running = slot.running, None
-        if sequence is not None:
-            self._executed(batch[0], sequence)
-        # Counts the batch, then puts the instance in ``_idle`` and calls ``_dispatch``.
-        super().batch_done(instance, batch, exec_ns, woken)
+        raise NotImplementedError
 
     def _executed(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         """``request`` of ``sequence`` came back from ``execute``."""
@@ -126,7 +116,7 @@ class SequenceScheduler(ModelScheduler):
             self._mark_idle(sequence)
 
     def _requeue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        """Queue a rescheduled request again, behind what its instance has queued; the
+        """Queue a rescheduled request again, behind what its sequence has queued; the
         instance runs it once it is free (``batch_done`` dispatches)."""
         request.release_flags = RELEASE_ALL
         request.request.flags = 0  # neither START nor END, as Triton sets them
@@ -138,13 +128,11 @@ class SequenceScheduler(ModelScheduler):
         self._requeued(request, sequence)
 
     def _requeued(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        sequence.slot.queue.append(request)
+        """``request`` of ``sequence`` was rescheduled and queued again."""
+        raise NotImplementedError
 
     def _dispatch(self) -> None:
-        # ``_idle`` is only the base class's hand-over of instances that became free.
-        idle = self._idle
-        while idle:
-            self._run_next(self._slots[idle.pop()])
+        raise NotImplementedError
 
     # -- requests ----------------------------------------------------------------
     def enqueue(self, request: AdmittedRequest) -> None:
@@ -170,11 +158,8 @@ class SequenceScheduler(ModelScheduler):
         self._arrived(request, sequence)
 
     def _arrived(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        """``request`` was queued for ``sequence``: start it if its instance is free."""
-        slot = sequence.slot
-        slot.queue.append(request)
-        if slot.running is None:
-            self._run_next(slot)
+        """``request`` was queued for ``sequence``."""
+        raise NotImplementedError
 
     def request_cancelled(self, request: AdmittedRequest) -> None:
         sequence = self._queued.pop(request, None)
@@ -268,27 +253,6 @@ class SequenceScheduler(ModelScheduler):
                      self._idle_ns // 1000)
 
     # -- dispatch ----------------------------------------------------------------
-    def _run_next(self, slot: _Slot) -> None:
-        """Start the slot's oldest live request if its instance is free."""
-        queue = slot.queue
-        while slot.running is None and queue:
-            request = queue.popleft()
-            sequence = self._queued.get(request)
-            if sequence is None:
-                continue  # cancelled while queued
-            if request.stage is not RequestStage.QUEUED:
-                # Rescheduled, then ended by a FINAL its model sent from elsewhere.
-                self._drop_ended(request, sequence)
-                continue
-            if request.cancellation.reason is not None:
-                # Cancelled on another thread; its callback has not reached us yet.
-                self.request_cancelled(request)
-                continue
-            del self._queued[request]
-            del sequence.waiting[request]
-            slot.running = sequence
-            self._start([request], slot.instance)
-
     def _drop_ended(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         del self._queued[request]
         del sequence.waiting[request]
