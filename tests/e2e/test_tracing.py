@@ -35,6 +35,7 @@ COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", 
 def build_trace_repository(repo: Path) -> Path:
     add_model(repo, "identity_fp32", "identity", FP32_IO)
     add_model(repo, "second", "identity", FP32_IO)
+    add_model(repo, "busy", "busy", FP32_IO + _parameter("iterations", "300000"))
     add_model(repo, "traced_bls", "traced_bls",
               FP32_IO + _tensor("output", "CONTEXT", "BYTES", "1"))
     add_model(repo, "repeat", "repeat",
@@ -289,6 +290,24 @@ def test_trace_settings_at_run_time(server: TritiumProcess, receiver: OtlpReceiv
     spans = receiver.wait_for(
         lambda got: any(s.attributes.get("triton.request_id") == f"{tag}back-on" for s in got))
     assert not any(s.attributes.get("triton.request_id") == f"{tag}while-off" for s in spans)
+
+
+def test_a_request_behind_a_busy_instance_computes_after_the_one_before(
+        server: TritiumProcess, receiver: OtlpReceiver) -> None:
+    """The second request waits (in the scheduler's queue, or at a process instance that
+    runs the first): its compute span begins once the first one's has ended."""
+    contexts = [traceparent() for _ in range(2)]
+    results: queue.Queue[Any] = queue.Queue()
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=2)
+    pending = [client.async_infer("busy", [fp32_input(httpclient, [float(i)])],
+                                  headers={"traceparent": header})
+               for i, (header, _, _) in enumerate(contexts)]
+    for request in pending:
+        results.put(request.get_result().as_numpy("OUTPUT0").tolist())
+    assert sorted(results.get() + results.get()) == [0.0, 1.0]
+    computes = [one(receiver.trace(trace_id, 3), "compute") for _, trace_id, _ in contexts]
+    first, second = sorted(computes, key=lambda span: span.start_ns)
+    assert second.start_ns >= first.end_ns - 1_000_000  # clocks: the same monotonic one
 
 
 def test_trace_file_mode(tmp_path: Path) -> None:

@@ -83,13 +83,22 @@ class _Pending:
 
 
 class _Batch:
-    __slots__ = ("batch", "slots", "started", "traced")
+    __slots__ = ("batch", "slots", "started", "traced", "waiting")
 
     def __init__(self, batch: list[AdmittedRequest], slots: list[int], traced: bool) -> None:
         self.batch = batch
         self.slots = slots
         self.traced = traced
+        self.waiting = False  # sent while another ran: it has not begun yet
         self.started = time.monotonic_ns()
+
+
+def _compute_started(entry: _Batch, ns: int) -> None:
+    """A traced batch begins: its compute span covers the round trip to the process."""
+    traces = traces_of(entry.batch)
+    if traces is not None:
+        record(traces, COMPUTE_START, ns)
+        record(traces, COMPUTE_INPUT_END, time.monotonic_ns())
 
 
 class ProcessInstance:
@@ -191,13 +200,12 @@ class ProcessInstance:
             self._loop.call_soon(self._on_done, self, batch, -1, [])
             return
         batch_id = next(_batch_ids)
+        behind = bool(self._batches)  # it waits at the process until those are done
         entry = self._batches[batch_id] = _Batch(batch, slots, traced)
-        traces = traces_of(live) if traced else None
-        if traces is not None:  # the compute span covers the round trip to the process
-            record(traces, COMPUTE_START, entry.started)
         self._channel.send(msg.Execute(batch_id, descs, packed))
-        if traces is not None:
-            record(traces, COMPUTE_INPUT_END, time.monotonic_ns())
+        if traced and not behind:
+            _compute_started(entry, entry.started)
+        entry.waiting = behind
 
     def stop(self) -> None:
         """Ask the process to finalize the model and exit; see ``wait_stopped``."""
@@ -278,15 +286,8 @@ class ProcessInstance:
                 self._release(body.slot)
 
     def _done(self, done: msg.Done) -> None:
-        for released in done.released:
-            pending = self._pending.get(released.slot)
-            if pending is not None:
-                pending.request.release_flags = released.flags
-        for slot in done.unstarted:  # cancelled while the batch waited in the process
-            pending = self._pending.get(slot)
-            if pending is not None:
-                pending.final = True
-                end_unstarted(pending.request)
+        if done.released or done.unstarted:
+            self._settle_requests(done)
         entry = self._batches.get(done.batch_id)
         traces = traces_of(entry.batch) if entry is not None and entry.traced else None
         if traces is not None:
@@ -297,6 +298,8 @@ class ProcessInstance:
             for body in done.responses:
                 self._deliver(body)
         entry = self._batches.pop(done.batch_id, None)
+        if self._batches:
+            self._next_begins()
         if entry is None:
             wake_all(woken)
             return
@@ -309,6 +312,25 @@ class ProcessInstance:
                 if pending.final:
                     self._release(slot)
         self._on_done(self, entry.batch, done.elapsed_ns, woken)
+
+    def _settle_requests(self, done: msg.Done) -> None:
+        for released in done.released:
+            pending = self._pending.get(released.slot)
+            if pending is not None:
+                pending.request.release_flags = released.flags
+        for slot in done.unstarted:  # cancelled while the batch waited in the process
+            pending = self._pending.get(slot)
+            if pending is not None:
+                pending.final = True
+                end_unstarted(pending.request)
+
+    def _next_begins(self) -> None:
+        """The batch after the one just done begins now (the process runs them in order)."""
+        following = next(iter(self._batches.values()))
+        if following.waiting:
+            following.waiting = False
+            if following.traced:
+                _compute_started(following, time.monotonic_ns())
 
     def request_in(self, slot: int) -> AdmittedRequest | None:
         """The request the child holds in ``slot``, if any (BLS calls name their parent)."""
