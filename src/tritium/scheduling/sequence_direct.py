@@ -198,18 +198,6 @@ class DirectSequenceScheduler(SequenceScheduler):
         super()._release(sequence)
         self._settle(sequence)
 
-    def _executed(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        super()._executed(request, sequence)
-        self._settle(sequence)
-
-    def _unqueue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        super()._unqueue(request, sequence)
-        self._settle(sequence)
-
-    def _drop_ended(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        super()._drop_ended(request, sequence)
-        self._settle(sequence)
-
     # -- lanes -------------------------------------------------------------------
     def _hold(self, sequence: _Sequence, lane: _Lane) -> None:
         self._lane_of[sequence] = lane

@@ -160,18 +160,6 @@ class OldestSequenceScheduler(SequenceScheduler):
             self._as_batch_slot(sequence.slot).ending -= 1
             self._promote()
 
-    def _executed(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        super()._executed(request, sequence)
-        self._settle(sequence)
-
-    def _unqueue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        super()._unqueue(request, sequence)
-        self._settle(sequence)
-
-    def _drop_ended(self, request: AdmittedRequest, sequence: _Sequence) -> None:
-        super()._drop_ended(request, sequence)
-        self._settle(sequence)
-
     def _promote(self) -> None:
         """Bind backlogged sequences to instances with room, oldest first; the caller
         dispatches."""

@@ -103,6 +103,10 @@ class SequenceScheduler(ModelScheduler):
 
     def _executed(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         """``request`` of ``sequence`` came back from ``execute``."""
+        self._came_back(request, sequence)
+        self._settle(sequence)
+
+    def _came_back(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         if self._iterative:
             if _rescheduled(request):
                 if request.cancellation.reason is None:
@@ -114,6 +118,10 @@ class SequenceScheduler(ModelScheduler):
         sequence.outstanding -= 1
         if sequence.outstanding == 0 and not sequence.released:
             self._mark_idle(sequence)
+
+    def _settle(self, sequence: _Sequence) -> None:
+        """``sequence`` may have one request fewer outstanding: each strategy frees what a
+        released sequence with none left held (a slot, a lane, its backlog place)."""
 
     def _requeue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         """Queue a rescheduled request again, behind what its sequence has queued; the
@@ -260,12 +268,14 @@ class SequenceScheduler(ModelScheduler):
         sequence.outstanding -= 1
         if self._iterative:
             self._release(sequence)
+        self._settle(sequence)
 
     def _unqueue(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         request.move_to(RequestStage.DONE)
         del sequence.waiting[request]
         sequence.outstanding -= 1
         self.stats.pending -= 1
+        self._settle(sequence)
 
     # -- control tensors ---------------------------------------------------------
     def _add_controls(self, request: AdmittedRequest) -> None:
