@@ -97,9 +97,9 @@ def test_errors_cross_in_one_shape() -> None:
 
 # -- the payloads of calls -------------------------------------------------------------
 
-HEADER = ["INPUT0", "FP32", [4]]
-REQUEST = ["m", None, "id", [HEADER], None, {"p": 1}, 0, 0, 0, None]  # a BlsRequest
-RESPONSE = [[HEADER], {}, None, True, False]  # a BlsResponse
+HEADER: list[Any] = ["INPUT0", "FP32", [4]]
+REQUEST: list[Any] = ["m", None, "id", [HEADER], None, {"p": 1}, 0, 0, 0, None]  # a BlsRequest
+RESPONSE: list[Any] = [[HEADER], {}, None, True, False]  # a BlsResponse
 PAYLOADS: list[Any] = [
     msg.BlsRequest("m", 2, "r1", [msg.TensorHeader("INPUT0", "FP32", (2, 3))], ["OUT"],
                    {"s": "x", "i": 1, "f": 0.5, "b": True}, "seq", 3, 250, 7),
