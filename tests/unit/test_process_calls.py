@@ -38,6 +38,7 @@ from tests.unit.test_python_bls import (
     parent_request,
 )
 from tritium.backends.python import metric, pb_utils, scope
+from tritium.backends.python.metric import Bucket
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest, InferenceRequest
@@ -420,7 +421,8 @@ def test_families_and_series_live_in_the_server_registry(linked: list[FakeLink])
 
     counted, level, sizes = on_server(linked, model_code)
     assert (counted, level) == (2.5, 7.25)
-    assert sizes.count == 1 and sizes.buckets == ((1.0, 0), (10.0, 1), (float("inf"), 1))
+    assert sizes.count == 1
+    assert sizes.buckets == (Bucket(1.0, 0), Bucket(10.0, 1), Bucket(float("inf"), 1))
     exported = {family.name: family for family in metric.MetricFamily.snapshots()}
     [series] = exported["bridge_requests"].series
     assert (series.labels, series.value) == ({"a": "1", "b": "2"}, 2.5)
