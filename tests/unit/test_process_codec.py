@@ -11,9 +11,10 @@ from typing import Any
 import msgpack
 import pytest
 
+from tritium.core.config_pb import model_config_pb2
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.backend import InstanceInfo
-from tritium.execution.process import bls, wire
+from tritium.execution.process import autocomplete, bls, wire
 from tritium.execution.process import messages as msg
 from tritium.execution.process.codec import (
     FrameError,
@@ -176,3 +177,20 @@ def test_a_tensor_header_that_lies_about_its_buffer_is_refused(
         header: msg.TensorHeader, size: int, text: str) -> None:
     with pytest.raises(TritiumError, match=text):
         wire.decode_tensors([header], [memoryview(bytes(size))])
+
+
+def test_the_auto_complete_answer_is_one_checked_message() -> None:
+    config = model_config_pb2.ModelConfig(name="m")
+    done = model_config_pb2.ModelConfig(name="m", max_batch_size=4)
+    answer = pack_value(msg.CompletedConfig(done.SerializeToString(), None))
+    assert autocomplete._answer(config, answer, 0) == done
+    refused = pack_value(msg.CompletedConfig(None, msg.ErrorBody("UNAVAILABLE", "no")))
+    with pytest.raises(TritiumError, match=r"^no$") as raised:
+        autocomplete._answer(config, refused, 0)
+    assert raised.value.code is ErrorCode.UNAVAILABLE
+    for garbage in (b"OK\x01", pack_value(["ER", 1]), pack_value([None, ["INTERNAL"]])):
+        with pytest.raises(TritiumError, match="answered what is no config") as raised:
+            autocomplete._answer(config, garbage, 0)
+        assert raised.value.code is ErrorCode.INVALID_ARG
+    with pytest.raises(TritiumError, match="without answering"):
+        autocomplete._answer(config, b"", 1)

@@ -213,6 +213,15 @@ class LogRecordBody:
     exc_text: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class CompletedConfig:
+    """What ``auto_complete_config``'s own process answers (autocomplete.py): the completed
+    ModelConfig (protobuf bytes), or why there is none."""
+
+    config: bytes | None
+    error: ErrorBody | None
+
+
 # -- server -> instance process --------------------------------------------------------
 
 
