@@ -1,6 +1,8 @@
 """The cost of one BLS round trip from model code, process kind and thread kind: a model
 calls identity_fp32 ``--calls`` times in a loop inside one execute (blocking ``exec()``,
-then ``exec(decoupled=True)`` read to its end) and reports the mean per call.
+then ``exec(decoupled=True)`` read to its end) and reports the mean wall time per call,
+and the CPU time per call of every process of the server (the server, its guardians and
+instance processes), which wanders less on a busy machine.
 
     python bench/bls_roundtrip.py [--calls 2000] [--width 16] [--trials 5]
 """
@@ -8,6 +10,7 @@ then ``exec(decoupled=True)`` read to its end) and reports the mean per call.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -17,6 +20,8 @@ import requests
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+from driver import cpu_seconds  # noqa: E402
 from tests.server_process import TritiumProcess  # noqa: E402
 from tests.zoo import _parameter, _tensor, add_model  # noqa: E402
 
@@ -30,6 +35,24 @@ def build(repo: Path) -> None:
                   + _tensor("input", "INPUT0", "INT32", "2")
                   + _tensor("output", "OUTPUT0", "FP64", "2")
                   + _parameter("TRITIUM_INSTANCE_KIND", kind))
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        for child in children:
+            found.extend(_tree(int(child)))
+    return found
+
+
+def tree_cpu(pid: int) -> float:
+    total = 0.0
+    for each in _tree(pid):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            total += cpu_seconds(each)
+    return total
 
 
 def measure(server: TritiumProcess, model: str, calls: int, width: int) -> tuple[float, float]:
@@ -56,12 +79,16 @@ def main() -> None:
             for kind in ("process", "thread"):
                 model = f"bls_loop_{kind}"
                 measure(server, model, 100, args.width)  # warm up
-                runs = [measure(server, model, args.calls, args.width)
-                        for _ in range(args.trials)]
+                runs, cpus = [], []
+                for _ in range(args.trials):
+                    before = tree_cpu(server.pid)
+                    runs.append(measure(server, model, args.calls, args.width))
+                    cpus.append((tree_cpu(server.pid) - before) / (2 * args.calls) * 1e6)
                 single = statistics.median(r[0] for r in runs)
                 stream = statistics.median(r[1] for r in runs)
                 print(f"BLS {kind:7s} exec(): {single:7.1f} us/call   "
                       f"exec(decoupled=True): {stream:7.1f} us/call   "
+                      f"CPU (all processes, both): {statistics.median(cpus):6.1f} us/call   "
                       f"(median of {args.trials} x {args.calls}, FP32[{args.width}])")
         finally:
             server.stop()
