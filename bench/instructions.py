@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -144,14 +145,19 @@ def parent_of(pid: int) -> int:
 
 
 def measure(tree: Path, protocol: str, requests: int, trace: str | None = None,
-            kind: str = "thread") -> int:
-    """Instructions per request of the server from ``tree``'s sources (all its processes)."""
+            kind: str = "thread", flags: tuple[str, ...] = (),
+            edit_config: Callable[[str], str] | None = None) -> int:
+    """Instructions per request of the server from ``tree``'s sources (all its processes),
+    started with ``flags`` more, identity's config.pbtxt passed through ``edit_config``."""
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
         # identity alone: the other models' instances would only slow the start under valgrind.
         shutil.copytree(REPOSITORY / "identity", directory / "repository" / "identity")
+        if edit_config is not None:
+            config = directory / "repository" / "identity" / "config.pbtxt"
+            config.write_text(edit_config(config.read_text()))
         server = TritiumProcess(directory / "repository", *trace_flags(trace, directory),
-                                "--python-instance-kind", kind,
+                                "--python-instance-kind", kind, *flags,
                                 env={"PYTHONPATH": str(tree / "src")})
         server.args = ["valgrind", "--tool=callgrind", "--trace-children=yes",
                        f"--callgrind-out-file={directory}/callgrind.%p", *server.args]

@@ -150,9 +150,11 @@ FLAGS: tuple[TritonFlag, ...] = (
                "the local response cache's size (older form of --cache-config)"),
     TritonFlag("cache-directory", str, NO_HW, "cache libraries are not loaded here"),
     # -- rate limiter
-    TritonFlag("rate-limit", v.choice("execution_count", "off"), LATER, "the rate limiter",
-               applies=_not("off")),
-    TritonFlag("rate-limit-resource", v.rate_limit_resource, LATER, "the rate limiter",
+    TritonFlag("rate-limit", v.choice("execution_count", "off"), DONE,
+               "execution_count: instances run as their groups' rate_limiter resources and "
+               "priorities allow; off: as soon as they are free"),
+    TritonFlag("rate-limit-resource", v.rate_limit_resource, DONE,
+               "the count of a rate limiter resource, on one device or every device",
                repeat=True),
     # -- memory and devices
     TritonFlag("pinned-memory-pool-byte-size", v.integer, NO_HW, _GPU),

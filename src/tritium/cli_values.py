@@ -128,7 +128,12 @@ def rate_limit_resource(text: str) -> tuple[str, int, int]:
             "--rate-limit-resource takes <resource_name>:<count>:<device> or "
             f"<resource_name>:<count>, got '{text}'")
     device = integer(parts[2]) if len(parts) == 3 else -1
-    return parts[0].lower(), integer(parts[1]), device
+    count = integer(parts[1])
+    if count < 0:
+        raise argparse.ArgumentTypeError(
+            f"--rate-limit-resource count must not be negative, got '{text}'")
+    # The name keeps its case: tritonserver lower-cases a copy it never reads.
+    return parts[0], count, device
 
 
 def choice(*allowed: str, fold_case: bool = True) -> Callable[[str], str]:

@@ -37,6 +37,7 @@ from tritium.metrics.server import MetricsOptions, MetricsServer
 from tritium.repository import overrides
 from tritium.repository.manager import ControlMode, ModelManager
 from tritium.repository.poll import RepositoryPoller
+from tritium.scheduling.rate_limiter import RateLimiter
 from tritium.tls import TlsError, TlsSettings, server_context
 from tritium.tracing import ServerTracer
 
@@ -137,7 +138,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         config.model_control_mode, unload_timeout_s=config.exit_timeout_secs,
         create_ensemble=create_ensemble, load_concurrency=config.model_load_thread_count,
         load_retries=config.model_load_retry_count, response_cache=cache,
-        config_name=config.model_config_name,
+        config_name=config.model_config_name, rate_limiter=_rate_limiter(config),
     )
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
                                config.server_id, config.strict_readiness,
@@ -149,6 +150,13 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         "log_error": config.log.error, "log_verbose_level": max(config.log_verbose, 0),
         "log_format": config.log.format})
     return service, manager
+
+
+def _rate_limiter(config: ServerConfig) -> RateLimiter | None:
+    settings = config.features.rate_limit
+    if settings.mode != "execution_count":
+        return None  # off: instances run batches as soon as they are free
+    return RateLimiter(settings.resources)
 
 
 def _http_limits(config: ServerConfig) -> HttpLimits:

@@ -82,7 +82,7 @@ def test_request_timeout_override_rules() -> None:
 def instance_infos(tmp_path: Path, groups: str) -> list[tuple[str, str, int]]:
     config = completed(tmp_path, groups, name="pool_model")
     model = LoadedModel(tmp_path / "pool_model", 1, config)
-    return [(i.instance_name, i.kind, i.device_id) for i in model._instance_infos("{}")]
+    return [(i.instance_name, i.kind, i.device_id) for i, _ in model._instance_infos("{}")]
 
 
 def test_instances_are_named_after_their_group(tmp_path: Path) -> None:

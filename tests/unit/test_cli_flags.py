@@ -128,6 +128,7 @@ def test_the_fixture_covers_every_flag_the_parser_knows() -> None:
     (["--trace-config=level=LOUD"], "invalid value for trace level"),
     (["--rate-limit-resource=R1"], "<resource_name>:<count>"),
     (["--rate-limit=sometimes"], "expected one of execution_count, off"),
+    (["--rate-limit-resource=R1:-1"], "count must not be negative"),
     (["--log-format=iso8601"], "expected one of default, ISO8601, json"),
     (["--cuda-memory-pool-byte-size=67108864"], "<first>:<second>"),
 ])
@@ -189,7 +190,8 @@ def test_one_warning_line_per_kind_of_flag() -> None:
             "--backend-config=tensorrt,coalesce-request-input=true",
             "--http-thread-count=4", "--grpc-infer-allocation-pool-size=4",
             "--trace-config=level=TIMESTAMPS", "--cache-config=local,size=1",
-            "--allow-sagemaker=false", "--rate-limit=off", "--rate-limit-resource=R1:10"]
+            "--allow-sagemaker=false", "--rate-limit=off", "--rate-limit-resource=R1:10",
+            "--metrics-config=summary_latencies=true"]
     _, warnings = parse(argv, "tritonserver")
     assert len(warnings) == 3, warnings
     ignored, hardware, later = warnings
@@ -199,9 +201,9 @@ def test_one_warning_line_per_kind_of_flag() -> None:
                  "--min-supported-compute-capability", "--backend-directory",
                  "--backend-config=tensorrt"):
         assert flag in hardware
-    assert "--rate-limit-resource" in later
+    assert "--metrics-config" in later
     assert "--trace-config" not in later and "--cache-config" not in later
-    assert "sagemaker" not in " ".join(warnings) and "--rate-limit " not in later
+    assert "sagemaker" not in " ".join(warnings) and "--rate-limit" not in " ".join(warnings)
 
 
 def test_python_backend_settings() -> None:
@@ -236,7 +238,9 @@ def test_structured_settings_of_features_not_built_yet() -> None:
     assert trace.settings("triton") == {"file": "/tmp/t.json"}
     assert config.features.cache is not None
     assert config.features.cache.settings == (("size", "1048576"),)
-    assert config.features.rate_limit.resources == (("r1", 10, -1), ("r2", 4, 0))
+    # Names keep their case, as tritonserver's (its lower-cased copy is never read).
+    assert config.features.rate_limit.resources == (("R1", 10, -1), ("r2", 4, 0))
+    assert config.features.rate_limit.mode == "execution_count"
     assert config.features.metrics.allow_cpu_metrics is False
     assert config.features.metrics.interval_ms == 500
     assert config.features.host_policies == (("gpu_0", "cpu-cores", "0-3"),)

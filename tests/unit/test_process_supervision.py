@@ -588,7 +588,7 @@ async def test_a_batch_for_the_spare_place_of_a_dead_process_waits_for_the_next_
     loop = asyncio.get_running_loop()
     slot = Slot()
     await slot.instance.start()
-    assert slot.instance.depth == 2
+    assert slot.instance.depth > 1
     first = [_request(loop, "a")]
     slot.instance.submit(first)
     slot.processes[0].die(-signal.SIGKILL)

@@ -363,3 +363,37 @@ def test_a_dynamic_batcher_gives_deep_instances_one_batch_at_a_time() -> None:
     b = request("b")
     scheduler.enqueue(b)
     assert len(instance.batches) == 1
+
+
+class DeeperInstance(FakeInstance):
+    depth = 4
+
+
+def test_a_lone_instance_takes_as_many_batches_as_it_can_hold() -> None:
+    scheduler = ModelScheduler("m", 1, SchedulerPolicy())
+    instance = DeeperInstance("i0")
+    scheduler.add_instances([instance])
+    for name in "abcde":
+        scheduler.enqueue(request(name))
+    assert ids(instance) == [["a"], ["b"], ["c"], ["d"]]
+    assert (scheduler.stats.pending, scheduler.stats.executing) == (4, 1)
+
+
+def test_instances_of_a_model_of_several_get_one_spare_place_each() -> None:
+    scheduler = ModelScheduler("m", 1, SchedulerPolicy())
+    first, second = DeeperInstance("i0"), DeeperInstance("i1")
+    scheduler.add_instances([first, second])
+    for name in "abcdef":
+        scheduler.enqueue(request(name))
+    assert [len(i.batches) for i in (first, second)] == [2, 2]
+    assert scheduler.stats.pending == 4
+
+
+def test_a_bounded_queue_keeps_deep_instances_to_one_batch() -> None:
+    policy = SchedulerPolicy(default_queue_policy=QueuePolicy(max_queue_size=8))
+    scheduler = ModelScheduler("m", 1, policy)
+    instance = DeeperInstance("i0")
+    scheduler.add_instances([instance])
+    for name in "abc":
+        scheduler.enqueue(request(name))
+    assert ids(instance) == [["a"]]

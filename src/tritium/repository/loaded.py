@@ -24,6 +24,7 @@ from tritium.execution.kinds import Instance, InstanceBuilder
 from tritium.repository.config import config_to_json, tensor_specs
 from tritium.repository.validation import ConfigError
 from tritium.repository.warmup import WarmupRoute, warm_up, warmup_samples
+from tritium.scheduling.rate_limiter import Gate, RateLimiter
 from tritium.scheduling.scheduler import ModelScheduler, SchedulerPolicy
 from tritium.scheduling.sequence_oldest import OldestSequenceScheduler
 from tritium.scheduling.sequences import SequenceScheduler
@@ -44,7 +45,8 @@ class LoadedModel:
     """Implements ``tritium.core.model.ModelHandle`` for one model version."""
 
     def __init__(self, model_dir: Path, version: int, config: Any,
-                 response_cache: ResponseCache | None = None):
+                 response_cache: ResponseCache | None = None,
+                 rate_limiter: RateLimiter | None = None):
         self.model_dir = model_dir
         self.name: str = config.name
         self.version = version
@@ -60,6 +62,8 @@ class LoadedModel:
         self.served_by = ServedBy(self.name, version, self.max_batch_size > 0, self.labels)
         self.scheduler = _scheduler(self.name, version, config, self.decoupled, model_dir)
         self.instances: list[Instance] = []
+        self._rate_limiter = rate_limiter  # --rate-limit execution_count; None: off
+        self._gates: list[Gate] = []  # the instances as the scheduler sees them, when limited
         self.cache = cache_for(config, response_cache, version, self.scheduler.stats)
         self.load_seconds = 0.0
         # Admitted requests whose final response has not been sent: what an unload waits
@@ -125,8 +129,14 @@ class LoadedModel:
         route = WarmupRoute() if samples else None
         on_done = route if route is not None else self.scheduler.batch_done
         try:
-            for info in self._instance_infos(config_text):
-                self.instances.append(builder.build(info, self.config, loop, on_done))
+            placed = self._instance_infos(config_text)
+            self._gates = self._register_gates(placed)  # may refuse before anything starts
+            for index, (info, _) in enumerate(placed):
+                gate = self._gates[index] if self._gates else None
+                done = on_done if gate is None else gate.finished
+                self.instances.append(builder.build(info, self.config, loop, done))
+                if gate is not None:
+                    gate.instance, gate.target = self.instances[-1], on_done
             await asyncio.gather(*(instance.start() for instance in self.instances))
             if route is not None:
                 await warm_up(self.name, samples, self.instances, route)
@@ -134,12 +144,15 @@ class LoadedModel:
         except BaseException:
             await self.stop()
             raise
-        self.scheduler.add_instances(self.instances)
+        self.scheduler.add_instances(self._gates or self.instances)
         self.load_seconds = time.monotonic() - started
 
     async def stop(self) -> None:
         """Stop admitting, stop every instance and wait for ``finalize``."""
         self.scheduler.stop_accepting()
+        if self._rate_limiter is not None:
+            for gate in self._gates:
+                self._rate_limiter.remove(gate)  # before the instances stop: see remove
         for instance in self.instances:
             instance.stop()
         await asyncio.gather(*(instance.wait_stopped() for instance in self.instances))
@@ -165,9 +178,27 @@ class LoadedModel:
             request.cancellation.cancel(CancelReason.UNLOADED)
         return len(leftover)
 
-    def _instance_infos(self, config_text: str) -> list[InstanceInfo]:
-        """One entry per instance, as Triton names and places them: ``<group name>_<i>``;
-        KIND_GPU runs ``count`` instances on each listed GPU, other kinds use device 0."""
+    def _register_gates(self, placed: list[tuple[InstanceInfo, Any]]) -> list[Gate]:
+        """Each instance's gate under the rate limiter (none when it is off); registering
+        them checks the resources their groups need."""
+        limiter = self._rate_limiter
+        if limiter is None:
+            return []
+        gates: list[Gate] = []
+        try:
+            for info, group in placed:
+                gates.append(limiter.gate(info.instance_name, info.device_id,
+                                          group.rate_limiter))
+        except BaseException:
+            for gate in gates:
+                limiter.remove(gate)
+            raise
+        return gates
+
+    def _instance_infos(self, config_text: str) -> list[tuple[InstanceInfo, Any]]:
+        """One entry per instance with its group, as Triton names and places them:
+        ``<group name>_<i>``; KIND_GPU runs ``count`` instances on each listed GPU, other
+        kinds use device 0."""
         infos = []
         gpu_kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
         for group in self.config.instance_group:
@@ -175,7 +206,7 @@ class LoadedModel:
             devices = list(group.gpus) if group.kind == gpu_kind and group.gpus else [0]
             placements = [device for device in devices for _ in range(max(group.count, 1))]
             for index, device in enumerate(placements):
-                infos.append(InstanceInfo(
+                infos.append((InstanceInfo(
                     model_name=self.name,
                     model_version=self.version,
                     model_repository=str(self.model_dir),
@@ -183,7 +214,7 @@ class LoadedModel:
                     instance_name=f"{group.name}_{index}",
                     kind=kind,
                     device_id=device,
-                ))
+                ), group))
         return infos
 
 

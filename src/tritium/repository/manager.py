@@ -40,6 +40,7 @@ from tritium.repository.locks import NameLocks
 from tritium.repository.overrides import LoadOverrides, OverrideDir, parse_overrides
 from tritium.repository.poll import fingerprint
 from tritium.repository.served import EnsembleFactory, ServedVersion
+from tritium.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("tritium.repository")
 
@@ -124,6 +125,7 @@ class ModelManager(DependencyRules):
         load_retries: int = 0,
         response_cache: ResponseCache | None = None,
         config_name: str | None = None,
+        rate_limiter: RateLimiter | None = None,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -145,6 +147,7 @@ class ModelManager(DependencyRules):
         self.response_cache = response_cache  # --cache-config; None: no caching
         # --model-config-name: read configs/<name>.pbtxt where a model has one.
         self.config_name = config_name
+        self.rate_limiter = rate_limiter  # --rate-limit execution_count; None: off
 
     # -- startup -----------------------------------------------------------------
     async def load_startup_models(self, names: list[str]) -> None:
@@ -377,7 +380,8 @@ class ModelManager(DependencyRules):
 
     def _new_version(self, model_dir: Path, version: int, config: Any) -> ServedVersion:
         if not is_ensemble(config):
-            return LoadedModel(model_dir, version, config, self.response_cache)
+            return LoadedModel(model_dir, version, config, self.response_cache,
+                               self.rate_limiter)
         if self.create_ensemble is None:
             raise TritiumError(ErrorCode.UNSUPPORTED, "ensembles are not available here")
         return self.create_ensemble(EnsemblePlan.from_config(config), config, version)

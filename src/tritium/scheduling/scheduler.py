@@ -40,6 +40,9 @@ class Instance(Protocol):
     def submit(self, batch: list[AdmittedRequest]) -> None: ...
 
 
+SHARED_DEPTH = 2  # batches each instance of a model of several may hold at once
+
+
 def depth_of(instance: Instance) -> int:
     """How many batches ``instance`` takes at once (``kinds.Instance.depth``; 1 for
     instances that do not say)."""
@@ -86,13 +89,19 @@ class ModelScheduler:
         next batch waiting instead of sleeping until the loop sends it) gets its spare
         places at the bottom of ``_idle``: a free instance is always chosen first. A batch
         sent to a busy instance stays queued for every count until the one before it is
-        done (the instance runs them in order). Only where nothing could reorder the
-        queue meanwhile: no dynamic batcher (a batch formed while the previous runs would
-        be smaller), no queue timeouts, one priority level."""
-        deep = self._straight and self.policy.priority_levels <= 1
+        done (the instance runs them in order). Only where nothing could reorder or
+        bound the queue meanwhile: no dynamic batcher (a batch formed while the previous
+        runs would be smaller), no queue timeouts or size limit, one priority level."""
+        deep = (self._straight and not self._bounded and self.policy.priority_levels <= 1)
+        # One instance: its batches run in queue order wherever they wait. Several: a batch
+        # waiting at a busy instance cannot move to one that became free, so each gets one
+        # spare place only.
+        most = SHARED_DEPTH if len(instances) > 1 else None
         spare: list[Instance] = []
         for instance in instances:
             depth = depth_of(instance) if deep else 1
+            if most is not None:
+                depth = min(depth, most)
             if depth > 1:
                 self._held[instance] = 0
                 self._waiting[instance] = collections.deque()

@@ -133,11 +133,13 @@ class ParentChannel:
         if self.closed:
             return
         try:
-            for body in self._frames.bodies(FRAMES_PER_TURN):
+            bodies = self._frames.bodies(FRAMES_PER_TURN)
+            for body in bodies:
                 self._on_message(decode(body))
                 if self.closed:
                     return
-            more = self._frames.has_frame()
+            # Fewer than a turn's frames: bodies() stopped at the first incomplete one.
+            more = len(bodies) == FRAMES_PER_TURN and self._frames.has_frame()
         except FrameError as exc:
             self._broken(str(exc))
             return
@@ -151,7 +153,8 @@ class ParentChannel:
         # each need more turns than one, back to back for flood_s, are a flood.
         if not self._paused:
             self._full_since = 0.0
-        self._resume()
+        if not self._reading:
+            self._resume()
 
     def _flooding(self) -> bool:
         """Whether the channel has been full for longer than ``flood_s`` (then it ends)."""

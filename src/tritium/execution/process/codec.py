@@ -105,13 +105,29 @@ def unpack_value(data: bytes | memoryview) -> Any:
 
 def decode(body: bytes | memoryview) -> Any:
     """The message one frame's body holds; ``FrameError`` if it holds anything else."""
-    wire = unpack_value(body)
+    try:
+        # The frame's length was checked against MAX_FRAME before it was buffered.
+        wire = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise FrameError(f"undecodable value: {exc}") from None
     if type(wire) is not list or not wire or type(wire[0]) is not int:
         raise FrameError("a frame is not a tagged array")
-    cls = _by_tag.get(wire[0])
-    if cls is None:
-        raise FrameError(f"unknown message tag {wire[0]}")
-    return convert(cls, wire[1:])
+    # Straight to the message type's compiled checks: every frame comes through here.
+    build = _decoders.get(wire[0])
+    if build is None:
+        cls = _by_tag.get(wire[0])
+        if cls is None:
+            raise FrameError(f"unknown message tag {wire[0]}")
+        build = _decoders[wire[0]] = _compiled(cls)
+    try:
+        return build(wire[1:])
+    except FrameError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise FrameError(f"bad {_by_tag[wire[0]].__name__}: {exc}") from None
+
+
+_decoders: dict[int, Convert] = {}
 
 
 def convert(tp: Any, value: Any) -> Any:

@@ -83,11 +83,12 @@ class _Pending:
 
 
 class _Batch:
-    __slots__ = ("batch", "slots", "started")
+    __slots__ = ("batch", "slots", "started", "traced")
 
-    def __init__(self, batch: list[AdmittedRequest], slots: list[int]) -> None:
+    def __init__(self, batch: list[AdmittedRequest], slots: list[int], traced: bool) -> None:
         self.batch = batch
         self.slots = slots
+        self.traced = traced
         self.started = time.monotonic_ns()
 
 
@@ -167,6 +168,7 @@ class ProcessInstance:
             return
         assert self._writer is not None
         descs, tensors, slots = [], [], []
+        traced = False
         for request in live:
             slot = self._flags.acquire(request.cancellation)
             self._pending[slot] = _Pending(request)
@@ -175,6 +177,7 @@ class ProcessInstance:
             inputs = list(core.inputs.values())
             tensors.extend(inputs)
             trace = core.trace
+            traced = traced or trace is not None
             descs.append(msg.RequestDesc(
                 slot, core.id, core.correlation_id, core.flags, core.timeout_us,
                 dict(core.parameters), core.requested_output_names(), core.model_name,
@@ -188,10 +191,10 @@ class ProcessInstance:
             self._loop.call_soon(self._on_done, self, batch, -1, [])
             return
         batch_id = next(_batch_ids)
-        self._batches[batch_id] = _Batch(batch, slots)
-        traces = traces_of(live)
+        entry = self._batches[batch_id] = _Batch(batch, slots, traced)
+        traces = traces_of(live) if traced else None
         if traces is not None:  # the compute span covers the round trip to the process
-            record(traces, COMPUTE_START, self._batches[batch_id].started)
+            record(traces, COMPUTE_START, entry.started)
         self._channel.send(msg.Execute(batch_id, descs, packed))
         if traces is not None:
             record(traces, COMPUTE_INPUT_END, time.monotonic_ns())
@@ -285,7 +288,7 @@ class ProcessInstance:
                 pending.final = True
                 end_unstarted(pending.request)
         entry = self._batches.get(done.batch_id)
-        traces = None if entry is None else traces_of(entry.batch)
+        traces = traces_of(entry.batch) if entry is not None and entry.traced else None
         if traces is not None:
             record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
         # The responses execute returned wake when on_done says (as an instance thread's

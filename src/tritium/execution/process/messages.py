@@ -3,6 +3,11 @@
 Every frame on an instance's channel is one of these (codec.py encodes and checks them);
 tensors travel in the shared-memory arenas (shm.py) and a message names their block with
 a ``Packed``. Errors cross in one shape, ``ErrorBody``.
+
+They are not frozen, though nothing changes one once built: a frozen dataclass sets each
+field through ``object.__setattr__``, and building the messages of one small request
+(both ways, both sides) then cost more than checking them (a ten-field ``RequestDesc``:
+1.1 µs frozen, 0.3 µs not).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from tritium.execution.process.codec import message
 # -- parts ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TensorDesc:
     """One tensor of a block: where its bytes are, relative to the block's data."""
 
@@ -29,7 +34,7 @@ class TensorDesc:
     nbytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Packed:
     """Tensors of one message: a block of the sender's arena, or inline bytes when no
     block had room (``offset`` -1)."""
@@ -42,7 +47,7 @@ class Packed:
 EMPTY = Packed(-1, [])
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ErrorBody:
     """An error as it crosses: the server's error code by name, and its text."""
 
@@ -60,7 +65,7 @@ class ErrorBody:
         return TritiumError(code, self.message)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestDesc:
     """One request of a batch, without its tensors (``inputs`` of the batch's Packed)."""
 
@@ -76,7 +81,7 @@ class RequestDesc:
     trace: str | None = None  # traced: its W3C context ("" outside OpenTelemetry mode)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ResponseBody:
     """One response to the request in ``slot``."""
 
@@ -88,7 +93,7 @@ class ResponseBody:
     tensors: Packed | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Released:
     """The release flags a model set for the request in ``slot`` (RESCHEDULE)."""
 
@@ -229,7 +234,7 @@ class CompletedConfig:
 
 
 @message(1)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Init:
     info: InstanceInfo  # its config_json is all the child reads of the config: no protobuf
     arena_bytes: int
@@ -239,7 +244,7 @@ class Init:
 
 
 @message(2)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Execute:
     batch_id: int
     requests: list[RequestDesc]
@@ -247,13 +252,13 @@ class Execute:
 
 
 @message(3)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Stop:
     pass
 
 
 @message(4)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reply:
     """One answer to a call; the last one is ``final``."""
 
@@ -264,7 +269,7 @@ class Reply:
 
 
 @message(5)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReplyError:
     call_id: int
     error: ErrorBody
@@ -274,7 +279,7 @@ class ReplyError:
 
 
 @message(10)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ready:
     decoupled: bool
     is_async: bool
@@ -282,13 +287,13 @@ class Ready:
 
 
 @message(11)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InitFailed:
     error: ErrorBody
 
 
 @message(12)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Responses:
     """Responses a model sent itself, as it sent them."""
 
@@ -296,7 +301,7 @@ class Responses:
 
 
 @message(13)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Done:
     """A batch's execute returned, with the responses it returned; ``unstarted``: the
     slots of its requests cancelled before it began (they never reached execute)."""
@@ -309,7 +314,7 @@ class Done:
 
 
 @message(14)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call:
     """Model code asks the server something (calls.py names the kinds)."""
 
@@ -321,18 +326,18 @@ class Call:
 
 
 @message(15)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallCancel:
     call_id: int
 
 
 @message(16)
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Stopped:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Gone:
     """Not on the wire: what the child's link hands on when the server's end closes."""
 
