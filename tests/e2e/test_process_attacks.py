@@ -1,6 +1,7 @@
 """Model code attacking the server through its instance channel: a pickle, a bad arena
 offset, an oversized frame, a flood. Each ends (and restarts) that instance only, with
-the reason logged; the server stays up and its other models keep serving."""
+the reason logged; the server stays up and its other models keep serving. A malformed
+call payload fails that call only."""
 
 from __future__ import annotations
 
@@ -69,6 +70,23 @@ def test_a_bad_frame_ends_that_instance_only(server: TritiumProcess, mode: int,
     assert requests.get(f"http://{server.http_url}/v2/health/live", timeout=30).ok
     assert wait_serving(server, "hostile", before) != before  # restarted
     assert not os.path.exists(PICKLE_MARK)
+
+
+@pytest.mark.parametrize(("mode", "reason"), [
+    (5, "model_version: expected int or None, got str"),
+    (6, "BlsRequest has 10 fields, got 1"),
+    (7, "expected int, got str"),
+    (8, "arrived with 16 bytes"),
+], ids=["wrong_type", "missing_fields", "bad_shape", "shape_over_buffer"])
+def test_a_malformed_bls_call_is_answered_with_an_error(server: TritiumProcess, mode: int,
+                                                          reason: str) -> None:
+    """A call is not a frame: the instance keeps serving, only that call fails."""
+    before = wait_serving(server, "hostile", -1)
+    start = len(server.lines)
+    status, body = infer(server, "hostile", mode)
+    assert status == 500 and reason in body["error"], body
+    assert wait_serving(server, "hostile", -1) == before  # the same process serves on
+    assert not any("is ended: " in line for line in server.lines[start:])
 
 
 def test_a_flood_ends_that_instance_and_costs_the_others_little(

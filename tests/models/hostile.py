@@ -3,7 +3,9 @@
 INPUT0[0] picks the attack, written raw onto the socket that links this instance process
 to the server (its only socket): 0 answers OUTPUT0 = [pid of this process]; 1 a pickle
 that would run code in the server; 2 a call whose tensors lie at an offset of 2**40 in
-the arena; 3 a frame announcing 4 GiB; 4 a thread sending tiny valid frames forever.
+the arena; 3 a frame announcing 4 GiB; 4 a thread sending tiny valid frames forever;
+5 and up a BLS call through its own server link whose payload is not a BLS request (see
+BLS_PAYLOADS), answered with the call's error as this request's.
 """
 
 import os
@@ -52,11 +54,36 @@ ATTACKS = {
 }
 
 
+_HEADER = ["INPUT0", "FP32", [4]]
+BLS_PAYLOADS = {
+    5: ["identity", "1", "", [_HEADER], None, {}, 0, 0, 0, None],  # a version of a str
+    6: ["identity"],  # missing fields
+    7: ["identity", None, "", [["INPUT0", "FP32", ["4"]]], None, {}, 0, 0, 0, None],
+    8: ["identity", None, "", [["INPUT0", "FP32", [1 << 40]]], None, {}, 0, 0, 0, None],
+}
+
+
+def _bls_call(payload):
+    """The call's error (``exec`` sends only well-formed requests: this goes around it)."""
+    from tritium.backends.python import scope
+
+    link = scope.current_link()._bls._link
+    try:
+        link.call("bls.exec", payload, [memoryview(bytes(16))]).result()
+    except Exception as exc:
+        return str(exc)
+    return "the call was accepted"
+
+
 class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
             mode = int(pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()[0])
+            if mode in BLS_PAYLOADS:
+                error = pb_utils.TritonError(_bls_call(BLS_PAYLOADS[mode]))
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
             if mode in ATTACKS:
                 ATTACKS[mode](_channel())
                 if mode != 4:

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tritium.backends.python.errors import TritonModelException
-from tritium.backends.python.metric import FamilySnapshot, MetricFamily, SeriesSnapshot
+from tritium.backends.python.metric import Bucket, FamilySnapshot, MetricFamily, SeriesSnapshot
 from tritium.metrics.collector import CustomCollector, FamilyView, TritonCollector, format_value
 from tritium.metrics.server import render
 
@@ -82,7 +82,8 @@ def test_histogram_needs_buckets_and_only_observes() -> None:
                            match=f"HISTOGRAM does not support {operation}$"):
             call()
     # An empty list is accepted: only the +Inf bucket.
-    assert family.Metric(labels={"e": "1"}, buckets=[]).snapshot().buckets == ((math.inf, 0),)
+    only_inf = family.Metric(labels={"e": "1"}, buckets=[]).snapshot().buckets
+    assert only_inf == (Bucket(math.inf, 0),)
 
 
 def test_buckets_belong_to_histograms_only_and_are_a_list() -> None:
@@ -206,7 +207,7 @@ def test_same_histogram_labels_keep_their_first_buckets() -> None:
     family = MetricFamily(unique("h"), "", MetricFamily.HISTOGRAM)
     family.Metric(buckets=[1.0, 2.0])
     assert family.Metric(buckets=[5.0]).snapshot().buckets == (
-        (1.0, 0), (2.0, 0), (math.inf, 0))
+        Bucket(1.0, 0), Bucket(2.0, 0), Bucket(math.inf, 0))
 
 
 # -- histogram buckets -----------------------------------------------------------
@@ -219,7 +220,7 @@ def test_histogram_buckets_are_cumulative_with_inf() -> None:
         metric.observe(value)
     assert metric.snapshot() == SeriesSnapshot(
         labels={"x": "y"}, value=31.0, count=5,
-        buckets=((1.0, 2), (2.5, 3), (10.0, 4), (float("inf"), 5)),
+        buckets=(Bucket(1.0, 2), Bucket(2.5, 3), Bucket(10.0, 4), Bucket(float("inf"), 5)),
     )
 
 
@@ -239,7 +240,7 @@ def test_histogram_counts_every_observation_across_threads() -> None:
         thread.join()
     snapshot = metric.snapshot()
     assert (snapshot.count, snapshot.value) == (32000, 16000.0)
-    assert snapshot.buckets == ((0.5, 16000), (float("inf"), 32000))
+    assert snapshot.buckets == (Bucket(0.5, 16000), Bucket(float("inf"), 32000))
 
 
 # -- exposition ------------------------------------------------------------------
@@ -256,7 +257,7 @@ def test_families_render_like_triton_families() -> None:
         FamilySnapshot("depth", "", "gauge", (SeriesSnapshot({}, 1.5),)),
         FamilySnapshot("latency", "Latency\nin s", "histogram", (SeriesSnapshot(
             {"zone": "z", "app": 'a"b'}, 0.05 + 1.5 + 6.0, 3,
-            ((0.1, 1), (1.0, 1), (2.5, 2), (float("inf"), 3))),)),
+            (Bucket(0.1, 1), Bucket(1.0, 1), Bucket(2.5, 2), Bucket(float("inf"), 3))),)),
     ]
     assert rendered(families) == [
         "# HELP requests Requests seen",

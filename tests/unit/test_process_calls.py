@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import re
 import threading
@@ -37,16 +38,18 @@ from tests.unit.test_python_bls import (
     parent_request,
 )
 from tritium.backends.python import metric, pb_utils, scope
+from tritium.backends.python.metric import Bucket
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest, InferenceRequest
 from tritium.core.response import InferenceResponse
 from tritium.core.types import DataType, Tensor
 from tritium.execution.process import bls, calls, codec, control, logger, metrics, wire
-from tritium.execution.process.messages import ErrorBody
+from tritium.execution.process.calls import CallReply
+from tritium.execution.process.messages import BlsRequest, BlsResponse, ErrorBody, LogRecordBody
 from tritium.execution.process.remote import RemoteLink
 
-Reply = tuple[Any, list[memoryview], bool]
+Reply = CallReply
 BLS_REFUSED = "BLS is only supported during the 'execute' function."
 
 
@@ -81,13 +84,13 @@ class FakeCall:
         while True:
             item = self._take()
             yield item
-            if item[2]:
+            if item.final:
                 return
 
-    def result(self) -> tuple[Any, list[memoryview]]:
-        for payload, buffers, final in self.replies():
-            if final:
-                return payload, buffers
+    def result(self) -> Reply:
+        for reply in self.replies():
+            if reply.final:
+                return reply
         raise AssertionError("unreachable")
 
     async def async_replies(self) -> AsyncIterator[Reply]:
@@ -103,13 +106,13 @@ class FakeCall:
                 continue
             item = self._take()
             yield item
-            if item[2]:
+            if item.final:
                 return
 
-    async def async_result(self) -> tuple[Any, list[memoryview]]:
-        async for payload, buffers, final in self.async_replies():
-            if final:
-                return payload, buffers
+    async def async_result(self) -> Reply:
+        async for reply in self.async_replies():
+            if reply.final:
+                return reply
         raise AssertionError("unreachable")
 
     def cancel(self) -> None:
@@ -139,7 +142,7 @@ class FakeContext:
     def reply(self, payload: object, buffers: Sequence[memoryview] = (),
               final: bool = False) -> None:
         copies = [memoryview(bytearray(buffer)) for buffer in buffers]  # another process
-        self._call.put((_crossed(payload), copies, final))
+        self._call.put(CallReply(_crossed(payload), copies, final))
 
 
 class FakeLink:
@@ -244,13 +247,14 @@ def test_request_and_response_round_trip() -> None:
     request.id, request.correlation_id, request.flags = "r1", "seq-7", 3
     request.parameters, request.timeout_us, request.model_version = {"k": 1}, 250, 2
     payload, buffers = wire.encode_request(request)
-    back = wire.decode_request(payload, buffers)
+    back = wire.decode_request(codec.convert(BlsRequest, _crossed(payload)), buffers)
     assert (back.id, back.correlation_id, back.flags, back.parameters, back.timeout_us,
             back.model_version) == ("r1", "seq-7", 3, {"k": 1}, 250, 2)
     assert back.requested_output_names() == ["OUT"]
     assert back.inputs["INPUT0"].data.tolist() == [1.0, 2.0]
     failure = InferenceResponse.failure(TritiumError(ErrorCode.NOT_FOUND, "gone"), final=False)
-    decoded = wire.decode_response(*wire.encode_response(failure))
+    answer, buffers = wire.encode_response(failure)
+    decoded = wire.decode_response(_crossed(answer), buffers)
     assert decoded.error is not None and decoded.error.code is ErrorCode.NOT_FOUND
     assert (decoded.error.message, decoded.final) == ("gone", False)
 
@@ -417,7 +421,8 @@ def test_families_and_series_live_in_the_server_registry(linked: list[FakeLink])
 
     counted, level, sizes = on_server(linked, model_code)
     assert (counted, level) == (2.5, 7.25)
-    assert sizes.count == 1 and sizes.buckets == ((1.0, 0), (10.0, 1), (float("inf"), 1))
+    assert sizes.count == 1
+    assert sizes.buckets == (Bucket(1.0, 0), Bucket(10.0, 1), Bucket(float("inf"), 1))
     exported = {family.name: family for family in metric.MetricFamily.snapshots()}
     [series] = exported["bridge_requests"].series
     assert (series.labels, series.value) == ({"a": "1", "b": "2"}, 2.5)
@@ -535,10 +540,11 @@ def test_forwarded_records_keep_name_level_and_text() -> None:
             raise ValueError("boom")
         except ValueError:
             source.exception("failed")
-        for kind, fields in sent:
+        for kind, body in sent:
             assert kind == logger.LOG
-            fields["name"] = target.name  # as if the child had logged under the same name
-            logger.emit(fields)
+            # As it crossed, and as if the child had logged under the same name.
+            crossed = codec.convert(LogRecordBody, _crossed(body))
+            logger.emit(dataclasses.replace(crossed, name=target.name))
     finally:
         target.removeHandler(captured)
     formatted = [logging.Formatter("%(levelname)s %(name)s: %(message)s").format(record)
@@ -558,7 +564,7 @@ def test_instance_gone_ends_its_bls_children() -> None:
         call = FakeCall(service.loop)
         context = call.context = FakeContext(service, call, [])
         payload, buffers = wire.encode_request(fp32_request([1.0]))
-        payload["model_name"] = "hang"
+        payload = dataclasses.replace(payload, model_name="hang")
         serving = asyncio.ensure_future(bls.serve_stream(context, payload, list(buffers)))
         async with asyncio.timeout(WAIT_S):
             await service.submitted.wait()
@@ -569,5 +575,6 @@ def test_instance_gone_ends_its_bls_children() -> None:
 
     service, replies = asyncio.run(main())
     assert service.children[0].cancellation.reason is CancelReason.PARENT_CANCELLED
-    [(payload, _, final)] = replies
-    assert final and payload["error"][0] == "CANCELLED"  # ErrorBody, as it crossed
+    [reply] = replies
+    response: BlsResponse = codec.convert(BlsResponse, reply.payload)  # as it crossed
+    assert reply.final and response.error is not None and response.error.code == "CANCELLED"

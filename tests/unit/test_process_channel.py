@@ -89,7 +89,7 @@ async def _a_child_call_gets_its_replies_in_order_with_buffers() -> None:
     for index in range(3):
         pair.reply(call_id, index, [bytes([index]) * 10], index == 2)
     replies = await _in_thread(lambda: list(call.replies()))
-    assert [(p, bytes(b[0]), f) for p, b, f in replies] == [
+    assert [(r.payload, bytes(r.buffers[0]), r.final) for r in replies] == [
         (0, b"\0" * 10, False), (1, b"\1" * 10, False), (2, b"\2" * 10, True)]
     pair.close()
 
@@ -120,7 +120,7 @@ async def _an_async_call_and_a_cancel() -> None:
     assert cancel == msg.CallCancel(second.call_id)
     pair.reply(first.call_id, "done", [], True)
     await _in_thread(lambda: thread.join(10))
-    assert results and results[0][0] == "done"
+    assert results and results[0].payload == "done"
     pair.close()
 
 

@@ -102,9 +102,18 @@ class ModelView(Protocol):
     def statistics(self) -> ModelStatistics: ...
 
 
+class BucketView(Protocol):
+    """A histogram bucket: how many observations were at most ``bound`` (cumulative)."""
+
+    @property
+    def bound(self) -> float: ...
+    @property
+    def count(self) -> int: ...
+
+
 class SeriesView(Protocol):
     """One series of a model's own family. Histograms: ``value`` is the sum of
-    observations, ``buckets`` the cumulative (upper bound, count) pairs ending with +Inf."""
+    observations, ``buckets`` the cumulative counts ending with +Inf."""
 
     @property
     def labels(self) -> Mapping[str, str]: ...
@@ -113,7 +122,7 @@ class SeriesView(Protocol):
     @property
     def count(self) -> int: ...
     @property
-    def buckets(self) -> Sequence[tuple[float, int]]: ...
+    def buckets(self) -> Sequence[BucketView]: ...
 
 
 class FamilyView(Protocol):
@@ -188,8 +197,9 @@ def _family_lines(family: FamilyView) -> Iterator[str]:
             continue
         yield _sample(f"{name}_count", labels, str(series.count))
         yield _sample(f"{name}_sum", labels, format_value(series.value))
-        for bound, count in series.buckets:
-            yield _sample(f"{name}_bucket", labels, str(count), le=format_value(bound))
+        for bucket in series.buckets:
+            yield _sample(f"{name}_bucket", labels, str(bucket.count),
+                          le=format_value(bucket.bound))
 
 
 class TritonCollector(Collector):

@@ -48,14 +48,22 @@ class MetricKind(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Bucket:
+    """A histogram bucket: how many observations were at most ``bound`` (cumulative)."""
+
+    bound: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class SeriesSnapshot:
     """One series at one moment. Histograms: ``value`` is the sum of observations and
-    ``buckets`` the cumulative (upper bound, count) pairs, ending with +Inf."""
+    ``buckets`` the cumulative counts, ending with +Inf."""
 
     labels: dict[str, str]
     value: float
     count: int = 0
-    buckets: tuple[tuple[float, int], ...] = ()
+    buckets: tuple[Bucket, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +169,7 @@ class _Series:
         cumulative, total = [], 0
         for bound, n in zip((*self.bounds, math.inf), counts, strict=True):
             total += n
-            cumulative.append((bound, total))
+            cumulative.append(Bucket(bound, total))
         return SeriesSnapshot(dict(self.labels), value, count, tuple(cumulative))
 
 

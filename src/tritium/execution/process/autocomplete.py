@@ -7,12 +7,11 @@ holds), its module-level code and any crash stay out of the server. The process 
 environment: the config arrives on stdin, the answer leaves on a pipe of its own (the
 model may print: stdout and stderr stay the server's).
 
-    answer: b"OK" + the completed ModelConfig, or b"ER" + JSON [error code, message]
+The answer is one ``messages.CompletedConfig`` in the channel's codec.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -56,13 +55,22 @@ def complete_in_process(model_dir: Path, config: Any) -> Any:
 
 
 def _answer(config: Any, answer: bytes, returncode: int) -> Any:
-    if answer.startswith(b"OK"):
-        completed = type(config)()
-        completed.ParseFromString(answer[2:])
-        return completed
-    if answer.startswith(b"ER"):
-        code, message = json.loads(answer[2:])
-        raise TritiumError(ErrorCode[code], message)
+    from tritium.execution.process.codec import FrameError, convert, unpack_value
+    from tritium.execution.process.messages import CompletedConfig
+
+    if answer:
+        try:
+            sent: CompletedConfig = convert(CompletedConfig, unpack_value(answer))
+        except FrameError as exc:
+            raise TritiumError(ErrorCode.INVALID_ARG, (
+                f"auto_complete_config function in model '{config.name}' failed: its "
+                f"process answered what is no config: {exc}")) from None
+        if sent.error is not None:
+            raise sent.error.error()
+        if sent.config is not None:
+            completed = type(config)()
+            completed.ParseFromString(sent.config)
+            return completed
     from tritium.execution.process.restart import describe_exit
 
     raise TritiumError(ErrorCode.INVALID_ARG, (
@@ -78,19 +86,21 @@ def main() -> int:
     from tritium.backends.python.errors import describe_exception
     from tritium.backends.python.loader import auto_complete_config
     from tritium.core.config_pb import model_config_pb2
+    from tritium.execution.process.codec import pack_value
+    from tritium.execution.process.messages import CompletedConfig, ErrorBody
 
     config = model_config_pb2.ModelConfig()
     config.ParseFromString(sys.stdin.buffer.read())
     try:
         completed = auto_complete_config(Path(sys.argv[1]), config)
-        answer = b"OK" + completed.SerializeToString()
+        answer = CompletedConfig(completed.SerializeToString(), None)
     except TritiumError as exc:
-        answer = b"ER" + json.dumps([exc.code.name, exc.message]).encode()
+        answer = CompletedConfig(None, ErrorBody.of(exc))
     except BaseException as exc:
-        answer = b"ER" + json.dumps([ErrorCode.INVALID_ARG.name,
-                                     describe_exception(exc)]).encode()
+        answer = CompletedConfig(None, ErrorBody(ErrorCode.INVALID_ARG.name,
+                                                 describe_exception(exc)))
     with answers:
-        answers.write(answer)
+        answers.write(pack_value(answer))
     return 0
 
 

@@ -23,7 +23,9 @@ from tritium.backends.python.response import InferenceResponse, from_core
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.response import InferenceResponse as CoreResponse
+from tritium.execution.process.codec import convert
 from tritium.execution.process.control import service_of
+from tritium.execution.process.messages import BlsRequest
 from tritium.execution.process.wire import (
     decode_request,
     decode_response,
@@ -38,10 +40,9 @@ if TYPE_CHECKING:
     from tritium.execution.process.calls import (
         Call,
         CallContext,
+        CallReply,
         ChildLink,
         Handler,
-        Reply,
-        Result,
     )
 
 EXEC = "bls.exec"
@@ -72,8 +73,9 @@ def _child_cancellation(ctx: CallContext, loop: asyncio.AbstractEventLoop
 
 async def serve_exec(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
     service = service_of(ctx)
-    child = decode_request(payload, buffers)
-    child.trace = _parent_trace(ctx, payload)
+    sent: BlsRequest = convert(BlsRequest, payload)
+    child = decode_request(sent, buffers)
+    child.trace = _parent_trace(ctx, sent.trace_slot)
     cancellation, tie = _child_cancellation(ctx, service.loop)
     try:
         response = await backend_bls.run_child(service, child, cancellation)
@@ -82,9 +84,8 @@ async def serve_exec(ctx: CallContext, payload: Any, buffers: list[memoryview]) 
     _reply(ctx, response)
 
 
-def _parent_trace(ctx: CallContext, payload: Any) -> Any:
+def _parent_trace(ctx: CallContext, slot: int | None) -> Any:
     """The trace of the request whose ``request.trace()`` the child passed, if traced."""
-    slot = payload.get("trace_slot")
     parent = None if slot is None else ctx.instance.request_in(slot)
     return None if parent is None else parent.request.trace
 
@@ -104,8 +105,9 @@ class _Replies:
 
 async def serve_stream(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
     service = service_of(ctx)
-    child = decode_request(payload, buffers)
-    child.trace = _parent_trace(ctx, payload)
+    sent: BlsRequest = convert(BlsRequest, payload)
+    child = decode_request(sent, buffers)
+    child.trace = _parent_trace(ctx, sent.trace_slot)
     cancellation, tie = _child_cancellation(ctx, service.loop)
     replies = _Replies(ctx)
     try:
@@ -134,8 +136,8 @@ def _failure(exc: Exception) -> CoreResponse:
     return CoreResponse.failure(TritiumError(ErrorCode.INTERNAL, f"BLS request failed: {exc}"))
 
 
-def _response(reply: Reply | Result) -> CoreResponse:
-    return decode_response(reply[0], reply[1])
+def _response(reply: CallReply) -> CoreResponse:
+    return decode_response(reply.payload, reply.buffers)
 
 
 class RemoteBls:
@@ -197,8 +199,8 @@ class CallResponses:
     def __init__(self, call: Call):
         self._call = call
         self._ready: collections.deque[CoreResponse] = collections.deque()
-        self._sync: Iterator[Reply] | None = None
-        self._async: AsyncIterator[Reply] | None = None
+        self._sync: Iterator[CallReply] | None = None
+        self._async: AsyncIterator[CallReply] | None = None
         self._ended = False
 
     def get(self) -> CoreResponse:
@@ -221,7 +223,7 @@ class CallResponses:
         except Exception as exc:
             self._ready.append(self._end(exc))
 
-    def _take(self, reply: Reply) -> CoreResponse:
+    def _take(self, reply: CallReply) -> CoreResponse:
         response = _response(reply)
         self._ended = response.final
         return response

@@ -10,27 +10,38 @@ behaves the same under both kinds.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tritium.core.cancellation import Cancellation
 from tritium.core.request import AdmittedRequest
 
-Reply = tuple[Any, list[memoryview], bool]  # (payload, buffers, final)
-Result = tuple[Any, list[memoryview]]  # the final reply's payload and buffers
+
+@dataclass(frozen=True, slots=True)
+class CallReply:
+    """One reply to a call, as the child reads it: its payload (plain values, as decoded:
+    the reader ``convert``s it to the type it expects), its tensors' bytes (views of the
+    server's arena), and whether it is the last."""
+
+    payload: Any
+    buffers: list[memoryview]
+    final: bool
 
 
 class Call(Protocol):
     """One call the child made: its replies, read blocking or on an asyncio loop."""
 
-    def replies(self) -> Iterator[Reply]: ...
+    def replies(self) -> Iterator[CallReply]: ...
 
-    def result(self) -> Result: ...
+    def result(self) -> CallReply:
+        """The final reply."""
+        ...
 
     def cancel(self) -> None: ...
 
-    def async_replies(self) -> AsyncIterator[Reply]: ...
+    def async_replies(self) -> AsyncIterator[CallReply]: ...
 
-    async def async_result(self) -> Result: ...
+    async def async_result(self) -> CallReply: ...
 
 
 class ChildLink(Protocol):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritium.core.cancellation import Cancellation
 from tritium.execution.process import messages as msg
+from tritium.execution.process.calls import CallReply
 from tritium.execution.process.codec import FrameError, FrameReader, decode, encode
 from tritium.execution.process.messages import EMPTY, Packed
 from tritium.execution.process.shm import ArenaReader, ArenaWriter
@@ -227,60 +228,57 @@ class Call:
     def __init__(self, link: ChildLink, call_id: int) -> None:
         self._link = link
         self.call_id = call_id
-        self._items: collections.deque[tuple[object, list[memoryview], bool]
-                                       | BaseException] = collections.deque()
+        self._items: collections.deque[CallReply | BaseException] = collections.deque()
         self._done = False  # the final reply (or an error) arrived
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     # called by the link, holding its condition
-    def _deliver(self, item: tuple[object, list[memoryview], bool] | BaseException) -> None:
+    def _deliver(self, item: CallReply | BaseException) -> None:
         self._items.append(item)
-        if isinstance(item, BaseException) or item[2]:
+        if isinstance(item, BaseException) or item.final:
             self._done = True
         waiters, self._waiters = self._waiters, []
         for loop, future in waiters:
             loop.call_soon_threadsafe(_settle, future)
 
-    def _next(self) -> tuple[object, list[memoryview], bool] | None:
+    def _next(self) -> CallReply:
         item = self._items.popleft()
         if isinstance(item, BaseException):
             raise item
         return item
 
-    def replies(self) -> Iterator[tuple[object, list[memoryview], bool]]:
-        """Blocking: each reply ``(payload, buffers, final)`` as it arrives."""
+    def replies(self) -> Iterator[CallReply]:
+        """Blocking: each reply as it arrives."""
         while True:
             self._link.wait_until(lambda: bool(self._items))
             item = self._next()
-            assert item is not None
             yield item
-            if item[2]:
+            if item.final:
                 return
 
-    def result(self) -> tuple[object, list[memoryview]]:
-        """Blocking: the payload and buffers of the final reply."""
-        for payload, buffers, final in self.replies():
-            if final:
-                return payload, buffers
+    def result(self) -> CallReply:
+        """Blocking: the final reply."""
+        for reply in self.replies():
+            if reply.final:
+                return reply
         raise CallFailed("the call ended without a final reply")
 
     def cancel(self) -> None:
         if not self._done:
             self._link.send(msg.CallCancel(self.call_id))
 
-    async def async_replies(self) -> AsyncIterator[tuple[object, list[memoryview], bool]]:
+    async def async_replies(self) -> AsyncIterator[CallReply]:
         while True:
             await self._arrived()
             item = self._next()
-            assert item is not None
             yield item
-            if item[2]:
+            if item.final:
                 return
 
-    async def async_result(self) -> tuple[object, list[memoryview]]:
-        async for payload, buffers, final in self.async_replies():
-            if final:
-                return payload, buffers
+    async def async_result(self) -> CallReply:
+        async for reply in self.async_replies():
+            if reply.final:
+                return reply
         raise CallFailed("the call ended without a final reply")
 
     async def _arrived(self) -> None:
@@ -458,4 +456,4 @@ class ChildLink:
         buffers = self.reader.unpack_buffers(message.buffers) if message.buffers.tensors else []
         if message.final:
             del self._calls[message.call_id]
-        call._deliver((message.payload, buffers, message.final))
+        call._deliver(CallReply(message.payload, buffers, message.final))

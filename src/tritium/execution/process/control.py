@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tritium.execution.process.codec import convert
+from tritium.execution.process.messages import ModelCall, ModelReadyCall
 
 if TYPE_CHECKING:
     from tritium.core.service import InferenceService
@@ -28,20 +29,20 @@ def service_of(ctx: CallContext) -> InferenceService:
 
 # A refusal raises TritiumError, which crosses as the call's error (ReplyError).
 async def serve_load(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, parameters = convert(tuple[str, dict[str, Any]], payload)
-    await service_of(ctx).load_model(name, parameters)
+    sent: ModelCall = convert(ModelCall, payload)
+    await service_of(ctx).load_model(sent.name, sent.parameters)
     ctx.reply(None, final=True)
 
 
 async def serve_unload(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, parameters = convert(tuple[str, dict[str, Any]], payload)
-    await service_of(ctx).unload_model(name, parameters)
+    sent: ModelCall = convert(ModelCall, payload)
+    await service_of(ctx).unload_model(sent.name, sent.parameters)
     ctx.reply(None, final=True)
 
 
 async def serve_ready(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, version = convert(tuple[str, int | None], payload)
-    ctx.reply(service_of(ctx).model(name, version).is_ready(), final=True)
+    sent: ModelReadyCall = convert(ModelReadyCall, payload)
+    ctx.reply(service_of(ctx).model(sent.name, sent.version).is_ready(), final=True)
 
 
 HANDLERS: dict[str, Handler] = {LOAD: serve_load, UNLOAD: serve_unload, READY: serve_ready}
@@ -54,15 +55,15 @@ class RemoteControl:
         self._link = link
 
     def _call(self, kind: str, payload: object) -> Any:
-        value, _ = self._link.call(kind, payload).result()
-        return value
+        return self._link.call(kind, payload).result().payload
 
     def load_model(self, name: str, parameters: dict[str, Any]) -> None:
-        self._call(LOAD, (name, parameters))
+        self._call(LOAD, ModelCall(name, parameters))
 
     def unload_model(self, name: str, parameters: dict[str, Any]) -> None:
-        self._call(UNLOAD, (name, parameters))
+        self._call(UNLOAD, ModelCall(name, parameters))
 
     def is_model_ready(self, name: str, version: int | None) -> bool:
-        return bool(self._call(READY, (name, version)))
+        ready: bool = convert(bool, self._call(READY, ModelReadyCall(name, version)))
+        return ready
 

@@ -8,6 +8,7 @@ the logging extension's levels and format), whether and how the line is written.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
@@ -15,50 +16,48 @@ from typing import TYPE_CHECKING, Any
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.logging_settings import SERVER_LOGGER
 from tritium.execution.process.codec import convert
+from tritium.execution.process.messages import LogRecordBody
 
 if TYPE_CHECKING:
     from tritium.execution.process.calls import CallContext, ChildLink, Handler
 
 LOG = "log"
 
-# The record's attributes that formatters read; the message is sent formatted, since its
-# arguments may be anything (the codec carries plain values only).
-_FIELDS = ("name", "levelno", "levelname", "pathname", "filename", "module", "lineno",
-           "funcName", "created", "msecs", "relativeCreated", "thread", "threadName",
-           "process", "processName", "stack_info")
-
-
 async def serve_log(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    emit(payload)
+    emit(convert(LogRecordBody, payload))
     ctx.reply(None, final=True)
 
 
-def emit(payload: Any) -> None:
-    """Write a forwarded record through the server logger of the same name (only the
-    attributes a record of ours carries, and only under the ``tritium`` tree)."""
-    sent = convert(dict[str, Any], payload)
-    fields = {name: sent.get(name) for name in (*_FIELDS, "msg", "exc_text")}
-    fields["args"] = None
-    if not isinstance(fields["name"], str) or not isinstance(fields["levelno"], int):
-        raise TritiumError(ErrorCode.INVALID_ARG, "a log record needs a name and a level")
-    if fields["name"] != SERVER_LOGGER and not fields["name"].startswith(SERVER_LOGGER + "."):
+def emit(sent: LogRecordBody) -> None:
+    """Write a forwarded record through the server logger of the same name (only under
+    the ``tritium`` tree)."""
+    if sent.name != SERVER_LOGGER and not sent.name.startswith(SERVER_LOGGER + "."):
         raise TritiumError(ErrorCode.INVALID_ARG, "log records come from the tritium tree")
-    target = logging.getLogger(fields["name"])
-    if target.isEnabledFor(fields["levelno"]):
+    target = logging.getLogger(sent.name)
+    if target.isEnabledFor(sent.levelno):
+        fields = {name: getattr(sent, name) for name in _FIELDS}
+        fields["args"] = None
         target.handle(logging.makeLogRecord(fields))
 
 
 HANDLERS: dict[str, Handler] = {LOG: serve_log}
 
+_FIELDS = tuple(field.name for field in dataclasses.fields(LogRecordBody))
 
-def record_fields(record: logging.LogRecord) -> dict[str, Any]:
-    fields = {name: getattr(record, name, None) for name in _FIELDS}
-    fields["msg"] = record.getMessage()
-    fields["args"] = None
+
+def record_body(record: logging.LogRecord) -> LogRecordBody:
+    """What crosses of a record: its message formatted, since its arguments may be
+    anything (the codec carries plain values only), and its traceback as text."""
     if record.exc_info and not record.exc_text:
         record.exc_text = logging.Formatter().formatException(record.exc_info)
-    fields["exc_text"] = record.exc_text
-    return fields
+    return LogRecordBody(
+        name=record.name, levelno=record.levelno, levelname=record.levelname,
+        msg=record.getMessage(), pathname=record.pathname, filename=record.filename,
+        module=record.module, lineno=record.lineno, funcName=record.funcName,
+        created=record.created, msecs=record.msecs, relativeCreated=record.relativeCreated,
+        thread=record.thread, threadName=record.threadName, process=record.process,
+        processName=record.processName, stack_info=record.stack_info,
+        exc_text=record.exc_text)
 
 
 class ForwardingHandler(logging.Handler):
@@ -75,7 +74,7 @@ class ForwardingHandler(logging.Handler):
             return
         self._inside.active = True
         try:
-            self._link.call(LOG, record_fields(record))
+            self._link.call(LOG, record_body(record))
         except Exception:
             self.handleError(record)
         finally:

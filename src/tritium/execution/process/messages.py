@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.request import ParamValue
 from tritium.execution.backend import InstanceInfo
 from tritium.execution.process.codec import message
 
@@ -98,6 +99,132 @@ class Released:
 
     slot: int
     flags: int
+
+
+# -- the payloads of calls (calls.py names the kinds) ---------------------------------
+
+
+@dataclass(slots=True)
+class TensorHeader:
+    """A BLS tensor: its bytes are the call's buffer at the same position."""
+
+    name: str
+    datatype: str  # as the protocol spells it ("FP32")
+    shape: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class BlsRequest:
+    """A child request model code sends (``bls.exec``, ``bls.stream``)."""
+
+    model_name: str
+    model_version: int | None
+    id: str
+    inputs: list[TensorHeader]
+    outputs: list[str] | None  # the requested output names; None: all of them
+    parameters: dict[str, ParamValue]
+    correlation_id: int | str
+    flags: int
+    timeout_us: int
+    trace_slot: int | None  # the slot of the request whose trace it nests under
+
+
+@dataclass(slots=True)
+class BlsResponse:
+    """One response to a child request, as the server sends it back."""
+
+    outputs: list[TensorHeader]
+    parameters: dict[str, Any]
+    error: ErrorBody | None
+    final: bool
+    flag_only: bool
+
+
+@dataclass(slots=True)
+class ModelCall:
+    """``load_model`` / ``unload_model``: the model and its parameters."""
+
+    name: str
+    parameters: dict[str, Any]
+
+
+@dataclass(slots=True)
+class ModelReadyCall:
+    name: str
+    version: int | None
+
+
+@dataclass(slots=True)
+class FamilyCall:
+    """Register (or find) a metric family; answered with a ``FamilyRegistered``."""
+
+    name: str
+    description: str
+    kind: int  # MetricKind
+
+
+@dataclass(slots=True)
+class FamilyRegistered:
+    kind: int  # MetricKind, as the family was first registered
+    description: str
+
+
+@dataclass(slots=True)
+class SeriesCall:
+    family: str
+    labels: dict[str, str]
+    bounds: list[float]  # a histogram's buckets
+
+
+@dataclass(slots=True)
+class MetricUpdate:
+    """An operation on one series: add, set, observe (unanswered) or get (its value)."""
+
+    family: str
+    labels: dict[str, str]
+    operation: str
+    value: float
+
+
+@dataclass(slots=True)
+class SnapshotCall:
+    """A family's snapshot, or one series' (``labels`` not None)."""
+
+    family: str
+    labels: dict[str, str] | None
+
+
+@dataclass(slots=True)
+class LogRecordBody:
+    """A log record of the instance process, formatted: what formatters read of it."""
+
+    name: str
+    levelno: int
+    levelname: str
+    msg: str
+    pathname: str
+    filename: str
+    module: str
+    lineno: int
+    funcName: str | None  # camelCase: the LogRecord attributes
+    created: float
+    msecs: float
+    relativeCreated: float
+    thread: int | None
+    threadName: str | None
+    process: int | None
+    processName: str | None
+    stack_info: str | None
+    exc_text: str | None
+
+
+@dataclass(slots=True)
+class CompletedConfig:
+    """What ``auto_complete_config``'s own process answers (autocomplete.py): the completed
+    ModelConfig (protobuf bytes), or why there is none."""
+
+    config: bytes | None
+    error: ErrorBody | None
 
 
 # -- server -> instance process --------------------------------------------------------

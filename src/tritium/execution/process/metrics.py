@@ -17,6 +17,13 @@ from tritium.backends.python import metric
 from tritium.backends.python.metric import FamilySnapshot, MetricFamily, MetricKind, SeriesSnapshot
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.execution.process.codec import convert
+from tritium.execution.process.messages import (
+    FamilyCall,
+    FamilyRegistered,
+    MetricUpdate,
+    SeriesCall,
+    SnapshotCall,
+)
 
 if TYPE_CHECKING:
     from tritium.execution.process.calls import Call, CallContext, ChildLink, Handler
@@ -25,9 +32,6 @@ FAMILY = "metric.family"
 SERIES = "metric.series"
 UPDATE = "metric.update"
 SNAPSHOT = "metric.snapshot"
-
-LabelKey = tuple[tuple[str, str], ...]
-
 
 # -- in the server -------------------------------------------------------------------
 
@@ -41,39 +45,39 @@ def _registered(name: str) -> metric.RegisteredFamily:
 
 
 async def serve_family(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, description, kind = convert(tuple[str, str, int], payload)
-    family = MetricFamily.register_here(name, description, MetricKind(kind))
-    ctx.reply((int(family.kind), family.description), final=True)
+    sent: FamilyCall = convert(FamilyCall, payload)
+    family = MetricFamily.register_here(sent.name, sent.description, MetricKind(sent.kind))
+    ctx.reply(FamilyRegistered(int(family.kind), family.description), final=True)
 
 
 async def serve_series(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, labels, bounds = convert(tuple[str, LabelKey, tuple[float, ...]], payload)
-    _registered(name).get_series(dict(labels), tuple(bounds))
+    sent: SeriesCall = convert(SeriesCall, payload)
+    _registered(sent.family).get_series(sent.labels, tuple(sent.bounds))
     ctx.reply(None, final=True)
 
 
 async def serve_update(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, key, operation, value = convert(tuple[str, LabelKey, str, float], payload)
-    series = _series(name, key)
-    if operation == "add":
-        series.add(value)
-    elif operation == "set":
-        series.set(value)
-    elif operation == "observe":
-        series.observe(value)
-    ctx.reply(series.get() if operation == "get" else None, final=True)
+    sent: MetricUpdate = convert(MetricUpdate, payload)
+    series = _series(sent.family, sent.labels)
+    if sent.operation == "add":
+        series.add(sent.value)
+    elif sent.operation == "set":
+        series.set(sent.value)
+    elif sent.operation == "observe":
+        series.observe(sent.value)
+    ctx.reply(series.get() if sent.operation == "get" else None, final=True)
 
 
 async def serve_snapshot(ctx: CallContext, payload: Any, buffers: list[memoryview]) -> None:
-    name, key = convert(tuple[str, LabelKey | None], payload)
-    if key is None:
-        ctx.reply(_registered(name).snapshot(), final=True)
+    sent: SnapshotCall = convert(SnapshotCall, payload)
+    if sent.labels is None:
+        ctx.reply(_registered(sent.family).snapshot(), final=True)
     else:
-        ctx.reply(_series(name, key).snapshot(), final=True)
+        ctx.reply(_series(sent.family, sent.labels).snapshot(), final=True)
 
 
-def _series(name: str, key: LabelKey) -> Any:
-    series = _registered(name).series.get(key)
+def _series(name: str, labels: dict[str, str]) -> Any:
+    series = _registered(name).series.get(tuple(sorted(labels.items())))
     if series is None:
         raise TritiumError(ErrorCode.INTERNAL, f"metric family '{name}' has no such series")
     return series
@@ -95,10 +99,9 @@ class RemoteSeries:
         self.labels = labels
         self._link = link
         self._name = family
-        self._key: LabelKey = tuple(sorted(labels.items()))
 
     def _update(self, operation: str, value: float = 0.0) -> Call:
-        return self._link.call(UPDATE, (self._name, self._key, operation, value))
+        return self._link.call(UPDATE, MetricUpdate(self._name, self.labels, operation, value))
 
     def add(self, value: float) -> None:
         self._update("add", value)
@@ -107,13 +110,14 @@ class RemoteSeries:
         self._update("set", value)
 
     def get(self) -> float:
-        return float(self._update("get").result()[0])
+        value: float = convert(float, self._update("get").result().payload)
+        return value
 
     def observe(self, value: float) -> None:
         self._update("observe", value)
 
     def snapshot(self) -> SeriesSnapshot:
-        reply = self._link.call(SNAPSHOT, (self._name, self._key)).result()[0]
+        reply = self._link.call(SNAPSHOT, SnapshotCall(self._name, self.labels)).result().payload
         snapshot: SeriesSnapshot = convert(SeriesSnapshot, reply)
         return snapshot
 
@@ -124,11 +128,11 @@ class RemoteFamily:
         self._link = link
 
     def get_series(self, labels: dict[str, str], bounds: tuple[float, ...]) -> RemoteSeries:
-        self._link.call(SERIES, (self.name, sorted(labels.items()), list(bounds))).result()
+        self._link.call(SERIES, SeriesCall(self.name, labels, list(bounds))).result()
         return RemoteSeries(self._link, self.name, self.kind, labels)
 
     def snapshot(self) -> FamilySnapshot:
-        reply = self._link.call(SNAPSHOT, (self.name, None)).result()[0]
+        reply = self._link.call(SNAPSHOT, SnapshotCall(self.name, None)).result().payload
         snapshot: FamilySnapshot = convert(FamilySnapshot, reply)
         return snapshot
 
@@ -138,6 +142,8 @@ class RemoteFamilies:
         self._link = link
 
     def family(self, name: str, description: str, kind: MetricKind) -> RemoteFamily:
-        registered, text = self._link.call(FAMILY, (name, description, int(kind))).result()[0]
-        return RemoteFamily(self._link, name, text, MetricKind(registered))
+        reply = self._link.call(FAMILY, FamilyCall(name, description, int(kind))).result()
+        registered: FamilyRegistered = convert(FamilyRegistered, reply.payload)
+        return RemoteFamily(self._link, name, registered.description,
+                            MetricKind(registered.kind))
 

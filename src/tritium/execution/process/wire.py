@@ -1,6 +1,6 @@
-"""Core requests, responses and errors as a call's payload (small plain values, in the
-channel's codec) plus its buffers (each tensor's bytes), so that tensor data never goes
-through the codec.
+"""Core requests and responses as a call's payload (``BlsRequest``, ``BlsResponse``: named
+messages the codec checks on arrival) plus its buffers (each tensor's bytes), so that
+tensor data never goes through the codec.
 
 Fixed-size tensors travel as their raw little-endian bytes and come back as numpy views of
 the received buffer; BYTES tensors in Triton's length-prefixed layout; BF16 as its 16-bit
@@ -9,7 +9,7 @@ patterns, as the core keeps it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,17 +20,14 @@ from tritium.core.response import InferenceResponse
 from tritium.core.serialization import bytes_from_binary, tensor_bytes
 from tritium.core.types import DataType, Tensor
 from tritium.execution.process.codec import convert
-from tritium.execution.process.messages import ErrorBody
-
-# (name, wire datatype, shape) per tensor, in buffer order.
-TensorHeader = tuple[str, str, tuple[int, ...]]
+from tritium.execution.process.messages import BlsRequest, BlsResponse, ErrorBody, TensorHeader
 
 
-def encode_tensors(tensors: Sequence[Tensor]) -> tuple[list[TensorHeader], list[memoryview]]:
+def encode_tensors(tensors: Iterable[Tensor]) -> tuple[list[TensorHeader], list[memoryview]]:
     headers: list[TensorHeader] = []
     buffers: list[memoryview] = []
     for tensor in tensors:
-        headers.append((tensor.name, tensor.datatype.wire, tuple(tensor.shape)))
+        headers.append(TensorHeader(tensor.name, tensor.datatype.wire, tuple(tensor.shape)))
         buffers.append(memoryview(tensor_bytes(tensor)).cast("B"))
     return headers, buffers
 
@@ -45,31 +42,29 @@ def decode_tensors(headers: Sequence[TensorHeader], buffers: Sequence[memoryview
 
 
 def _decode_tensor(header: TensorHeader, buffer: memoryview) -> Tensor:
-    name, wire, shape = header
-    datatype = DataType.from_wire(wire)
+    name, shape = header.name, header.shape
+    datatype = DataType.from_wire(header.datatype)
     if datatype is None:
-        raise TritiumError(ErrorCode.INTERNAL, f"tensor '{name}' has unknown datatype {wire}")
-    count = int(np.prod(shape, dtype=np.int64))
+        raise TritiumError(ErrorCode.INTERNAL,
+                           f"tensor '{name}' has unknown datatype {header.datatype}")
+    count = _count(name, shape)
     if datatype is DataType.BYTES:
         flat = bytes_from_binary(buffer, count, f"for tensor '{name}'")
+    elif count * datatype.itemsize != len(buffer):
+        raise TritiumError(ErrorCode.INTERNAL, f"tensor '{name}' of shape {list(shape)} "
+                           f"arrived with {len(buffer)} bytes")
     else:
         flat = np.frombuffer(buffer, dtype=datatype.numpy, count=count)
     return Tensor(name, datatype, tuple(shape), flat.reshape(shape))
 
 
-# -- errors ------------------------------------------------------------------------------
-
-
-def encode_error(error: TritiumError | None) -> ErrorBody | None:
-    return None if error is None else ErrorBody.of(error)
-
-
-def decode_error(payload: Any) -> TritiumError | None:
-    """The error a payload field holds (an ``ErrorBody`` as it crossed), or None."""
-    if payload is None:
-        return None
-    body: ErrorBody = convert(ErrorBody, payload)
-    return body.error()
+def _count(name: str, shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        if dim < 0:
+            raise TritiumError(ErrorCode.INTERNAL, f"tensor '{name}' has a negative dimension")
+        count *= dim
+    return count
 
 
 # -- requests ----------------------------------------------------------------------------
@@ -97,62 +92,53 @@ class TraceRef:
         return self._context or None
 
 
-def encode_request(request: InferenceRequest) -> tuple[dict[str, Any], list[memoryview]]:
-    headers, buffers = encode_tensors(list(request.inputs.values()))
-    names = request.requested_output_names()
+def encode_request(request: InferenceRequest) -> tuple[BlsRequest, list[memoryview]]:
+    headers, buffers = encode_tensors(request.inputs.values())
     trace = request.trace
-    payload = {
-        "model_name": request.model_name,
-        "model_version": request.model_version,
-        "id": request.id,
-        "inputs": headers,
-        "outputs": names,
-        "parameters": dict(request.parameters),
-        "correlation_id": request.correlation_id,
-        "flags": request.flags,
-        "timeout_us": request.timeout_us,
-        "trace_slot": trace.slot if isinstance(trace, TraceRef) else None,
-    }
+    # Positional, in BlsRequest's field order (keywords cost more); the dicts are packed
+    # before the call returns, so they are not copied.
+    payload = BlsRequest(request.model_name, request.model_version, request.id, headers,
+                         request.requested_output_names(), request.parameters,
+                         request.correlation_id, request.flags, request.timeout_us,
+                         trace.slot if isinstance(trace, TraceRef) else None)
     return payload, buffers
 
 
-def decode_request(payload: dict[str, Any], buffers: Sequence[memoryview]) -> InferenceRequest:
-    inputs = decode_tensors(payload["inputs"], buffers)
-    names = payload["outputs"]
+def decode_request(sent: BlsRequest, buffers: Sequence[memoryview]) -> InferenceRequest:
+    """The request as the server runs it (``sent``: a call's payload, ``convert``ed)."""
+    inputs = decode_tensors(sent.inputs, buffers)
+    names = sent.outputs
     return InferenceRequest(
-        model_name=payload["model_name"],
+        model_name=sent.model_name,
         inputs={tensor.name: tensor for tensor in inputs},
-        model_version=payload["model_version"],
-        id=payload["id"],
+        model_version=sent.model_version,
+        id=sent.id,
         requested_outputs=None if names is None else [RequestedOutput(n) for n in names],
-        parameters=payload["parameters"],
-        correlation_id=payload["correlation_id"],
-        flags=payload["flags"],
-        timeout_us=payload["timeout_us"],
+        parameters=sent.parameters,
+        correlation_id=sent.correlation_id,
+        flags=sent.flags,
+        timeout_us=sent.timeout_us,
     )
 
 
 # -- responses ---------------------------------------------------------------------------
 
 
-def encode_response(response: InferenceResponse) -> tuple[dict[str, Any], list[memoryview]]:
+def encode_response(response: InferenceResponse) -> tuple[BlsResponse, list[memoryview]]:
     headers, buffers = encode_tensors(response.outputs)
-    payload = {
-        "outputs": headers,
-        "parameters": dict(response.parameters),
-        "error": encode_error(response.error),
-        "final": response.final,
-        "flag_only": response.flag_only,
-    }
+    error = None if response.error is None else ErrorBody.of(response.error)
+    payload = BlsResponse(headers, response.parameters, error, response.final,
+                          response.flag_only)
     return payload, buffers
 
 
-def decode_response(payload: dict[str, Any], buffers: Sequence[memoryview]
-                    ) -> InferenceResponse:
+def decode_response(payload: Any, buffers: Sequence[memoryview]) -> InferenceResponse:
+    """The response a reply's payload (as decoded) names; ``FrameError`` if none."""
+    sent: BlsResponse = convert(BlsResponse, payload)
     return InferenceResponse(
-        outputs=decode_tensors(payload["outputs"], buffers),
-        parameters=payload["parameters"],
-        error=decode_error(payload["error"]),
-        final=payload["final"],
-        flag_only=payload["flag_only"],
+        outputs=decode_tensors(sent.outputs, buffers),
+        parameters=sent.parameters,
+        error=None if sent.error is None else sent.error.error(),
+        final=sent.final,
+        flag_only=sent.flag_only,
     )
