@@ -230,12 +230,13 @@ class RequestReader(asyncio.Protocol):
         if url[:1] != b"/":
             url = _origin_form(url)
         path, _, query = url.partition(b"?")
+        body = self._body
         request = HttpRequest(
             self._method,
             path.decode("latin-1"),
             query.decode("latin-1") if query else "",
             self._headers,
-            _received_body(self._body),
+            body if isinstance(body, bytes) else _grown_body(body),
             self._version,
             self._keep_alive,
         )
@@ -278,11 +279,9 @@ class RequestReader(asyncio.Protocol):
             self.data_received(unparsed)
 
 
-def _received_body(body: bytes | bytearray) -> bytes | memoryview:
-    """The body as requests hold it: bytes, or a read-only view of the buffer a large body
-    of several reads grew in (copied into bytes, it would be held twice while it is)."""
-    if type(body) is bytes:
-        return body
+def _grown_body(body: bytearray) -> bytes | memoryview:
+    """A body of several reads as requests hold it: bytes, or when large a read-only view of
+    the buffer it grew in (copied into bytes, it would be held twice while it is)."""
     if len(body) <= _SMALL_BODY:
         return bytes(body)
     return memoryview(body).toreadonly()
