@@ -182,7 +182,7 @@ def _decode_inputs(
                     f"{_prefix(request_id)}contents field must not be specified when using "
                     f"raw_input_contents for input '{name}' for model '{message.model_name}'"
                 )
-            data = raw[next_raw]  # a copy, each time it is read
+            data = raw[next_raw]  # a copy each time it is read (a lifted entry: a view)
             next_raw += 1
         else:
             values = _typed_values(name, datatype, shape, count, item.contents)
