@@ -22,9 +22,9 @@ from tritium.core.inflight import InFlight
 from tritium.frontends.grpc import serving
 from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits, Router
 from tritium.frontends.grpc.call_state import (
+    BY_EVENT,
     CLIENT_DONE,
     DECIDED,
-    MOVES,
     CallEvent,
     CallState,
     IllegalMove,
@@ -61,8 +61,8 @@ from tritium.frontends.grpc.wire import (
 DEADLINE_SLACK_S = 0.1
 
 
-# The usual unary call's events, as plain names for its hot paths.
-_REPLIED, _END_STREAM = CallEvent.REPLIED, CallEvent.END_STREAM
+# The usual unary call's events, each the table's moves for it, for its hot paths.
+_REPLIED, _END_STREAM = BY_EVENT[CallEvent.REPLIED], BY_EVENT[CallEvent.END_STREAM]
 
 
 class GrpcConnection(ConnectionLife):
@@ -176,7 +176,7 @@ class GrpcConnection(ConnectionLife):
             self.finish(call, GrpcStatus.OK)
             return
         self.flood.data_sent()
-        call.state = MOVES[call.state, _REPLIED]  # END, then FLUSHED: nothing waits
+        call.state = _REPLIED[call.state]  # END, then FLUSHED: nothing waits
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
@@ -269,7 +269,7 @@ class GrpcConnection(ConnectionLife):
         """A unary call's one message (uncompressed) came whole in the DATA frame that ended
         its stream: ``remote_closed`` and ``dispatch_unary`` in one step (the move cannot be
         illegal, the call was OPEN)."""
-        call.state = MOVES[call.state, _END_STREAM]
+        call.state = _END_STREAM[call.state]
         call.task = self._loop.create_task(serving.serve_unary(self, call, body, False))
 
     # -- inbound frames ------------------------------------------------------------------

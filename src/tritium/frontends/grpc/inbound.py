@@ -130,9 +130,15 @@ class Inbound:
         # (``call.last_progress`` is left: it counts only while a call is OPEN, and this one
         # is half-closed at once.)
         call.withheld += size
-        if self.window.available <= self._size // 2:  # the bytes are in...
+        window = self.window
+        if window.available <= self._size // 2:  # the bytes are in...
             self._grant()
-        self._consume(size)  # ...and taken at once (``call.held`` would go up and back down)
+        # ...and taken at once (``call.held`` would go up and back down): ``_consume``.
+        self.held -= size
+        self.reserved -= size
+        self._budget.release(size)
+        if window.available <= self._size // 2:
+            self._grant()
         self._conn.unary_request(call, payload[5:])
 
     def _take_bytes(self, call: Call, data: memoryview) -> None:
