@@ -84,7 +84,7 @@ class GrpcConnection(ConnectionLife):
         self._aged_at: float | None = None  # when the GOAWAY for age went out
         self._headers = HeaderDecoder(limits.max_header_list_bytes)
         self.calls: dict[int, Call] = {}
-        self._last_stream = 0
+        self.last_stream = 0  # the highest stream the peer opened: those above it are idle
         self._max_streams = limits.max_concurrent_streams
         self.control = Control(self)
         self.outbox = Outbox(self.control.send_window, self._flushed)
@@ -288,11 +288,11 @@ class GrpcConnection(ConnectionLife):
             return
         if not stream_id & 1:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "even stream id from client")
-        if stream_id <= self._last_stream:
+        if stream_id <= self.last_stream:
             if ended:
                 return  # late trailers of a call this side already finished
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "stream id went backwards")
-        self._last_stream = stream_id
+        self.last_stream = stream_id
         if (headers is None or self._going_away or self.refusing_calls
                 or len(self.calls) >= self._max_streams):
             code = H2Error.PROTOCOL_ERROR if headers is None else H2Error.REFUSED_STREAM
@@ -339,15 +339,12 @@ class GrpcConnection(ConnectionLife):
     def _on_rst_stream(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "RST_STREAM is not 4 bytes")
-        if stream_id == 0 or stream_id > self._last_stream:
+        if stream_id == 0 or stream_id > self.last_stream:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
         self.count_reset()
         call = self.calls.get(stream_id)
         if call is not None:
             self._move(call, CallEvent.RESET, reason=self._reason_for_reset(call))
-
-    def is_idle_stream(self, stream_id: int) -> bool:
-        return stream_id > self._last_stream
 
     def _reason_for_reset(self, call: Call) -> CancelReason:
         if call.deadline is not None and call.deadline - self._loop.time() <= DEADLINE_SLACK_S:
