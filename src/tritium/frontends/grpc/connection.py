@@ -236,13 +236,15 @@ class GrpcConnection(ConnectionLife):
 
     def _forget(self, call: Call) -> None:
         """``call`` is CLOSED: nothing of it is kept, and whoever waits on it is woken."""
-        self.outbox.drop(call)
+        if call.pending or call.trailers is not None:  # most calls have nothing queued
+            self.outbox.drop(call)
         self.inbound.release(call)
         del self.calls[call.stream_id]
         self._all_calls.discard(call)
         if call.waiter is not None:
             call.wake()
-        self.wake_writers()
+        if self._writable is not None:  # most connections have never had a writer wait
+            self.wake_writers()
         if not self.calls:
             self.idle_since = self._loop.time()
             if self._going_away:
@@ -321,7 +323,7 @@ class GrpcConnection(ConnectionLife):
                     Cancellation(self._loop))
         self.calls[stream_id] = call
         self._all_calls.add(call)
-        call.last_progress = self._loop.time()
+        call.last_progress = now = self._loop.time()
         timeout = headers.get("grpc-timeout")
         if timeout is not None:
             try:
@@ -329,7 +331,7 @@ class GrpcConnection(ConnectionLife):
             except ValueError as exc:
                 self.finish(call, GrpcStatus.INVALID_ARGUMENT, str(exc))
                 return
-            call.deadline = self._loop.time() + seconds
+            call.deadline = now + seconds
             call.timer = self._loop.call_at(call.deadline, self._expire, call)
         if rpc.stream is not None:
             call.task = self._loop.create_task(serving.serve_stream(self, call))
