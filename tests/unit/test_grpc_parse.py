@@ -378,7 +378,7 @@ def test_small_raw_inputs_and_nested_bytes_are_not_lifted() -> None:
     assert parse(data) == message
 
 
-@pytest.mark.parametrize("where", ["nested bytes", "unknown field", "string"])
+@pytest.mark.parametrize("where", ["nested bytes", "unknown field", "string", "parameter"])
 def test_a_field_past_the_copy_bound_is_refused(where: str) -> None:
     """Any other field upb would copy in one step is at most ``max_copy_bytes``."""
     big = bytes(3 * MiB)
@@ -388,6 +388,9 @@ def test_a_field_past_the_copy_bound_is_refused(where: str) -> None:
         data = message.SerializeToString()
     elif where == "unknown field":
         data = message.SerializeToString() + field(99, big)
+    elif where == "parameter":
+        message.parameters["p"].string_param = big.decode()
+        data = message.SerializeToString()
     else:
         data = message.SerializeToString() + field(3, big)  # id
     bounded = SliceBudget(max_copy_bytes=2 * MiB)

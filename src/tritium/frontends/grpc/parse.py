@@ -321,12 +321,12 @@ class _Slicer:
         elif kind in _PACKED:
             await self.merge_packed(target, number, kind, body, end)
         else:
+            if end - body > self.budget.max_copy_bytes:  # a map entry's string too
+                raise _Unsplittable(f"a field of {end - body} bytes (field {number}) is more "
+                                    f"than one step may copy")
             if field is not None and field.message is not None and kind == _MAP:
                 # A map entry goes to upb whole: it must be cheap to parse.
                 _check_unsplit(self.view, (body, end), field.message, depth + 1, self.budget)
-            elif end - body > self.budget.max_copy_bytes:
-                raise _Unsplittable(f"a field of {end - body} bytes (field {number}) is more "
-                                    f"than one step may copy")
             self.apply(target, pos, end)
             await self.pace()
 
