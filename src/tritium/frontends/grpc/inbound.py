@@ -181,7 +181,7 @@ class Inbound:
             self._consume(call.held)
             call.messages.clear()
         call.held = call.withheld = 0
-        if call.reader.partial:
+        if call.reader is not NO_READER and call.reader.partial:
             call.reader.clear()  # its task may live on a while; the bytes need not
 
     def _return_stream_credit(self, call: Call) -> None:
