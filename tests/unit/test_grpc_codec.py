@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import struct
 from typing import Any, cast
@@ -23,6 +24,7 @@ from tritium.core.response import InferenceResponse, ServedBy
 from tritium.core.serialization import split_length_prefixed
 from tritium.core.types import DataType, Tensor, TensorSpec
 from tritium.frontends.grpc import codec
+from tritium.frontends.grpc.parse import parse_message
 from tritium.frontends.grpc.status import grpc_status
 
 NUMERIC = [t for t in DataType if t is not DataType.BYTES]
@@ -542,3 +544,20 @@ def test_bytes_past_the_claimed_count_are_not_walked() -> None:
     message = raw_message("BYTES", [1], bytes(4 * 100_000))
     expect_error(ErrorCode.INVALID_ARG, message, "expected 1 string elements for input "
                  "'INPUT0', got at least")
+
+
+def test_lifted_raw_inputs_decode_to_tensors_over_the_wire_bytes() -> None:
+    """A big raw input parsed as a view (see parse.py) becomes a read-only tensor viewing
+    the received bytes: neither the parse nor the decode copies it."""
+    values = np.arange(1 << 20, dtype=np.float32)
+    message = pb.ModelInferRequest(model_name="m")
+    message.inputs.add(name="BIG", datatype="FP32", shape=[values.size])
+    message.inputs.add(name="SMALL", datatype="BYTES", shape=[1])
+    message.raw_input_contents.extend([values.tobytes(), b"\x02\x00\x00\x00hi"])
+    wire = message.SerializeToString()
+    lifted = asyncio.run(parse_message(pb.ModelInferRequest, wire))
+    request = codec.decode_infer_request(lifted)
+    big = request.inputs["BIG"].data
+    assert np.array_equal(big, values) and not big.flags.writeable
+    assert np.shares_memory(big, np.frombuffer(wire, np.uint8))
+    assert request.inputs["SMALL"].data.tolist() == [b"hi"]

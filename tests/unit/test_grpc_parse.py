@@ -344,3 +344,79 @@ def test_hostile_64_mib_of_empty_bytes_elements_never_holds_the_loop_long() -> N
     longest, seen = asyncio.run(parse_watching_the_loop(field(1, b"m") + field(5, tensor)))
     assert longest < 0.05
     assert seen == ["m", [count], count]
+
+
+def test_big_raw_inputs_are_lifted_as_views_in_their_places() -> None:
+    """Raw entries past ``lift_bytes`` are never copied by upb: the message reads as
+    FromString's, with those entries read-only views of the wire bytes."""
+    message = Request(model_name="m", id="lifted")
+    for name in "ABCD":
+        message.inputs.add(name=name, datatype="UINT8", shape=[1])
+    entries = [b"s" * 10, bytes(range(256)) * 8192, b"", bytes(3 * MiB)]
+    message.raw_input_contents.extend(entries)
+    data = message.SerializeToString()
+    got = parse(data)
+    assert got.model_name == "m" and got.id == "lifted"
+    assert [item.name for item in got.inputs] == list("ABCD")
+    raw = got.raw_input_contents
+    assert len(raw) == 4 and list(raw) == entries and raw[-1] == entries[-1]
+    assert raw[1:3] == entries[1:3]
+    for index in (1, 3):
+        assert isinstance(raw[index], memoryview) and raw[index].readonly
+        assert raw[index].obj is data  # a view of the wire bytes: nothing copied
+    assert type(raw[0]) is bytes
+    with pytest.raises(IndexError):
+        raw[4]
+
+
+def test_small_raw_inputs_and_nested_bytes_are_not_lifted() -> None:
+    message = Request(model_name="m")
+    message.inputs.add(name="B", datatype="BYTES", shape=[1]).contents.bytes_contents.append(
+        bytes(2 * MiB))
+    message.raw_input_contents.append(bytes(512 * 1024))
+    data = message.SerializeToString()
+    assert parse(data) == message
+
+
+@pytest.mark.parametrize("where", ["nested bytes", "unknown field", "string", "parameter"])
+def test_a_field_past_the_copy_bound_is_refused(where: str) -> None:
+    """Any other field upb would copy in one step is at most ``max_copy_bytes``."""
+    big = bytes(3 * MiB)
+    message = Request(model_name="m")
+    if where == "nested bytes":
+        message.inputs.add(name="B").contents.bytes_contents.append(big)
+        data = message.SerializeToString()
+    elif where == "unknown field":
+        data = message.SerializeToString() + field(99, big)
+    elif where == "parameter":
+        message.parameters["p"].string_param = big.decode()
+        data = message.SerializeToString()
+    else:
+        data = message.SerializeToString() + field(3, big)  # id
+    bounded = SliceBudget(max_copy_bytes=2 * MiB)
+    with pytest.raises(BadMessage, match="more than one step may copy"):
+        parse(data, bounded)
+    assert parse(data).ByteSize() == Request.FromString(data).ByteSize()  # default: 32 MiB
+
+
+LIFTING = SliceBudget(inline_bytes=0, slice_bytes=24, hold_s=0, scan_fields=2, plan_fields=0,
+                      lift_bytes=32)
+
+
+@fast
+@given(st.lists(st.tuples(requests(), unknown_fields,
+                          st.lists(st.binary(max_size=80), max_size=4)), min_size=1, max_size=3))
+def test_lifted_entries_read_as_from_string_in_any_message(
+        parts: list[tuple[Any, bytes, list[bytes]]]) -> None:
+    """Whatever surrounds them, entries of at least ``lift_bytes`` are lifted (views) and
+    the rest parsed, and the message reads as FromString's."""
+    wire = b"".join(message.SerializeToString() + extra + b"".join(field(7, e) for e in raw)
+                    for message, extra, raw in parts)
+    expected = Request.FromString(wire)
+    got = parse(wire, LIFTING)
+    raw = got.raw_input_contents
+    assert list(raw) == list(expected.raw_input_contents)
+    for entry in raw:
+        assert isinstance(entry, memoryview) == (len(entry) >= LIFTING.lift_bytes)
+    for name in ("model_name", "model_version", "id", "parameters", "inputs", "outputs"):
+        assert getattr(got, name) == getattr(expected, name)

@@ -772,3 +772,14 @@ def test_json_pieces_keep_duplicate_keys_as_orjson_does() -> None:
     text = b'{"a":[1,2],"b":{"c":[3,4]},"a":[5,6],"b":{"c":[7, 8],"d":9}}'
     for piece in (1, 4, 9):
         assert orjson.dumps(json_pieces.loads(text, piece)) == orjson.dumps(orjson.loads(text))
+
+
+def test_a_big_json_body_is_parsed_from_the_buffer_it_arrived_in() -> None:
+    """A view of a whole body is parsed without copying it; a part of one is copied."""
+    from tritium.frontends.http import json_pieces
+
+    whole = bytearray(b'{"a": [' + b"1," * 400_000 + b"1]}")
+    view = memoryview(whole).toreadonly()
+    assert json_pieces._whole_buffer(view) is whole
+    assert json_pieces._whole_buffer(view[:10]) == bytes(whole[:10])
+    assert len(json_pieces.loads(view)["a"]) == 400_001

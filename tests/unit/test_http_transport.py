@@ -1188,3 +1188,34 @@ def test_transfer_codings_other_than_chunked_alone_are_refused(
             writer.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("size", [3 * 65536, 3 << 20])
+def test_a_body_of_several_reads_is_held_once(size: int) -> None:
+    """A body that arrives in many reads grows in one buffer: a small one is handed over as
+    bytes, a large one as a read-only view of that buffer (no joined copy beside it)."""
+    received: list[HttpRequest] = []
+
+    async def keep(exchange: HttpExchange) -> None:
+        received.append(exchange.request)
+        exchange.respond(200, [], b"")
+
+    async def scenario() -> None:
+        transport = FakeTransport()
+        conn = attach(keep, transport, max_body_bytes=8 << 20)
+        body = bytes(range(256)) * (size // 256)
+        conn.data_received(request_bytes("/", body)[:-size])
+        for start in range(0, size, 65536):
+            conn.data_received(body[start:start + 65536])
+        await turns()
+        assert len(received) == 1
+        held = received[0].body
+        assert held == body
+        if size <= 1 << 20:
+            assert type(held) is bytes
+        else:
+            assert isinstance(held, memoryview) and held.readonly
+            assert isinstance(held.obj, bytearray)
+        conn.connection_lost(None)
+
+    asyncio.run(scenario())

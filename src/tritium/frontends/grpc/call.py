@@ -81,6 +81,10 @@ class GrpcLimits:
     flood: FloodLimits = field(default_factory=FloodLimits)
 
 
+# The reader of every call until it needs one of its own: empty, and never fed.
+NO_READER = MessageReader(0)
+
+
 class Call:
     """One RPC (one HTTP/2 stream): the handler's view, and the transport's bookkeeping."""
 
@@ -93,6 +97,7 @@ class Call:
         "headers_sent",
         "held",
         "last_progress",
+        "max_message",
         "messages",
         "pending",
         "reader",
@@ -127,7 +132,9 @@ class Call:
         self.recv_window = RecvWindow(recv_window)
         self.pending: deque[bytes | memoryview] = deque()  # waiting for flow-control credit
         self.trailers: bytes | None = None  # sent once ``pending`` is empty
-        self.reader = MessageReader(max_message)
+        # Its own reader once bytes come that are not one whole request (``Inbound``).
+        self.reader = NO_READER
+        self.max_message = max_message
         self.messages: deque[Message] = deque()  # whole, not yet taken by the handler
         self.held = 0  # request bytes received and not yet taken by the handler
         self.withheld = 0  # received bytes whose stream credit has not been returned yet

@@ -47,6 +47,12 @@ for _state in (CallState.OPEN, CallState.HALF_CLOSED, CallState.ENDING,
 MOVES[CallState.HALF_CLOSED, CallEvent.REPLIED] = MOVES[
     MOVES[CallState.HALF_CLOSED, CallEvent.END], CallEvent.FLUSHED]
 
+# The table by event: where each event leads from each state it may happen in. The hot paths
+# look a move up here, with no (state, event) key to build; a state missing is illegal.
+BY_EVENT: dict[CallEvent, dict[CallState, CallState]] = {event: {} for event in CallEvent}
+for (_state, _event), _next in MOVES.items():
+    BY_EVENT[_event][_state] = _next
+
 # States in which the reply is decided: a handler's late answer is dropped.
 DECIDED = frozenset({CallState.ENDING, CallState.ENDING_HALF_CLOSED, CallState.CLOSED})
 # States in which the client has finished sending.

@@ -169,11 +169,12 @@ def _decode_inputs(
         count = element_count(name, shape, request_id)
         if model is not None:
             check_input(model, name, datatype, shape, request_id)
-        # A region's bytes are read whole whatever the shape says (BYTES): they count too.
-        claimed += max(count * _CLAIMED_ITEMSIZE[datatype], len(region) if region else 0)
+        claimed += count * _CLAIMED_ITEMSIZE[datatype]
         if claimed > limit:
             raise _Deferred
         if region is not None:
+            claimed = _region_claimed(region, claimed, count * _CLAIMED_ITEMSIZE[datatype],
+                                      limit)
             _check_raw_size(name, datatype, shape, count, region)  # before anything is read
             data = region.read()
         elif raw:
@@ -182,7 +183,7 @@ def _decode_inputs(
                     f"{_prefix(request_id)}contents field must not be specified when using "
                     f"raw_input_contents for input '{name}' for model '{message.model_name}'"
                 )
-            data = raw[next_raw]  # a copy, each time it is read
+            data = raw[next_raw]  # a copy each time it is read (a lifted entry: a view)
             next_raw += 1
         else:
             values = _typed_values(name, datatype, shape, count, item.contents)
@@ -199,6 +200,15 @@ def _decode_inputs(
             inputs[name] = _UNDECODED
     if pending:
         _decode_pending(inputs, pending, limit - claimed)
+
+
+def _region_claimed(region: Sized, claimed: int, claim: int, limit: float) -> int:
+    """``claimed`` with a region's bytes in place of its input's ``claim``: they are read
+    whole whatever the shape says (BYTES)."""
+    claimed += max(0, len(region) - claim)
+    if claimed > limit:
+        raise _Deferred
+    return claimed
 
 
 def _check_raw_count(given: int, items: list[Any], request_id: str) -> None:

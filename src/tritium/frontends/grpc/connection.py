@@ -22,9 +22,9 @@ from tritium.core.inflight import InFlight
 from tritium.frontends.grpc import serving
 from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits, Router
 from tritium.frontends.grpc.call_state import (
+    BY_EVENT,
     CLIENT_DONE,
     DECIDED,
-    MOVES,
     CallEvent,
     CallState,
     IllegalMove,
@@ -61,8 +61,8 @@ from tritium.frontends.grpc.wire import (
 DEADLINE_SLACK_S = 0.1
 
 
-# The usual unary call's events, as plain names for its hot paths.
-_REPLIED, _END_STREAM = CallEvent.REPLIED, CallEvent.END_STREAM
+# The usual unary call's events, each the table's moves for it, for its hot paths.
+_REPLIED, _END_STREAM = BY_EVENT[CallEvent.REPLIED], BY_EVENT[CallEvent.END_STREAM]
 
 
 class GrpcConnection(ConnectionLife):
@@ -84,7 +84,7 @@ class GrpcConnection(ConnectionLife):
         self._aged_at: float | None = None  # when the GOAWAY for age went out
         self._headers = HeaderDecoder(limits.max_header_list_bytes)
         self.calls: dict[int, Call] = {}
-        self._last_stream = 0
+        self.last_stream = 0  # the highest stream the peer opened: those above it are idle
         self._max_streams = limits.max_concurrent_streams
         self.control = Control(self)
         self.outbox = Outbox(self.control.send_window, self._flushed)
@@ -176,7 +176,7 @@ class GrpcConnection(ConnectionLife):
             self.finish(call, GrpcStatus.OK)
             return
         self.flood.data_sent()
-        call.state = MOVES[call.state, _REPLIED]  # END, then FLUSHED: nothing waits
+        call.state = _REPLIED[call.state]  # END, then FLUSHED: nothing waits
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
@@ -236,13 +236,15 @@ class GrpcConnection(ConnectionLife):
 
     def _forget(self, call: Call) -> None:
         """``call`` is CLOSED: nothing of it is kept, and whoever waits on it is woken."""
-        self.outbox.drop(call)
+        if call.pending or call.trailers is not None:  # most calls have nothing queued
+            self.outbox.drop(call)
         self.inbound.release(call)
         del self.calls[call.stream_id]
         self._all_calls.discard(call)
         if call.waiter is not None:
             call.wake()
-        self.wake_writers()
+        if self._writable is not None:  # most connections have never had a writer wait
+            self.wake_writers()
         if not self.calls:
             self.idle_since = self._loop.time()
             if self._going_away:
@@ -269,7 +271,7 @@ class GrpcConnection(ConnectionLife):
         """A unary call's one message (uncompressed) came whole in the DATA frame that ended
         its stream: ``remote_closed`` and ``dispatch_unary`` in one step (the move cannot be
         illegal, the call was OPEN)."""
-        call.state = MOVES[call.state, _END_STREAM]
+        call.state = _END_STREAM[call.state]
         call.task = self._loop.create_task(serving.serve_unary(self, call, body, False))
 
     # -- inbound frames ------------------------------------------------------------------
@@ -288,11 +290,11 @@ class GrpcConnection(ConnectionLife):
             return
         if not stream_id & 1:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "even stream id from client")
-        if stream_id <= self._last_stream:
+        if stream_id <= self.last_stream:
             if ended:
                 return  # late trailers of a call this side already finished
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "stream id went backwards")
-        self._last_stream = stream_id
+        self.last_stream = stream_id
         if (headers is None or self._going_away or self.refusing_calls
                 or len(self.calls) >= self._max_streams):
             code = H2Error.PROTOCOL_ERROR if headers is None else H2Error.REFUSED_STREAM
@@ -321,7 +323,7 @@ class GrpcConnection(ConnectionLife):
                     Cancellation(self._loop))
         self.calls[stream_id] = call
         self._all_calls.add(call)
-        call.last_progress = self._loop.time()
+        call.last_progress = now = self._loop.time()
         timeout = headers.get("grpc-timeout")
         if timeout is not None:
             try:
@@ -329,7 +331,7 @@ class GrpcConnection(ConnectionLife):
             except ValueError as exc:
                 self.finish(call, GrpcStatus.INVALID_ARGUMENT, str(exc))
                 return
-            call.deadline = self._loop.time() + seconds
+            call.deadline = now + seconds
             call.timer = self._loop.call_at(call.deadline, self._expire, call)
         if rpc.stream is not None:
             call.task = self._loop.create_task(serving.serve_stream(self, call))
@@ -339,15 +341,12 @@ class GrpcConnection(ConnectionLife):
     def _on_rst_stream(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "RST_STREAM is not 4 bytes")
-        if stream_id == 0 or stream_id > self._last_stream:
+        if stream_id == 0 or stream_id > self.last_stream:
             raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
         self.count_reset()
         call = self.calls.get(stream_id)
         if call is not None:
             self._move(call, CallEvent.RESET, reason=self._reason_for_reset(call))
-
-    def is_idle_stream(self, stream_id: int) -> bool:
-        return stream_id > self._last_stream
 
     def _reason_for_reset(self, call: Call) -> CancelReason:
         if call.deadline is not None and call.deadline - self._loop.time() <= DEADLINE_SLACK_S:

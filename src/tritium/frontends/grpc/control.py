@@ -125,7 +125,7 @@ class Control:
         conn = self._conn
         call = conn.calls.get(stream_id)
         if call is None:
-            if conn.is_idle_stream(stream_id):
+            if stream_id > conn.last_stream:  # idle: never opened
                 raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
             return  # a stream that just closed: the peer had not seen it yet
         if not increment:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from tritium.frontends.grpc.call import Call
+from tritium.frontends.grpc.call import NO_READER, Call
 from tritium.frontends.grpc.call_state import CLIENT_DONE, DECIDED, CallState
 from tritium.frontends.grpc.http2 import (
     DEFAULT_WINDOW,
@@ -24,7 +24,7 @@ from tritium.frontends.grpc.http2 import (
     strip_padding,
     window_update,
 )
-from tritium.frontends.grpc.messages import Message, MessageTooLarge
+from tritium.frontends.grpc.messages import Message, MessageReader, MessageTooLarge
 from tritium.frontends.grpc.windows import ByteBudget, RecvWindow
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class Inbound:
         self.held += size
         call = conn.calls.get(stream_id)
         if call is None:
-            if stream_id == 0 or conn.is_idle_stream(stream_id):
+            if stream_id == 0 or stream_id > conn.last_stream:
                 raise ProtocolViolation(H2Error.PROTOCOL_ERROR, "DATA on an idle stream")
             self._consume(size)  # a stream already closed: bytes nobody reads
             return
@@ -130,9 +130,15 @@ class Inbound:
         # (``call.last_progress`` is left: it counts only while a call is OPEN, and this one
         # is half-closed at once.)
         call.withheld += size
-        if self.window.available <= self._size // 2:  # the bytes are in...
+        window = self.window
+        if window.available <= self._size // 2:  # the bytes are in...
             self._grant()
-        self._consume(size)  # ...and taken at once (``call.held`` would go up and back down)
+        # ...and taken at once (``call.held`` would go up and back down): ``_consume``.
+        self.held -= size
+        self.reserved -= size
+        self._budget.release(size)
+        if window.available <= self._size // 2:
+            self._grant()
         self._conn.unary_request(call, payload[5:])
 
     def _take_bytes(self, call: Call, data: memoryview) -> None:
@@ -141,8 +147,11 @@ class Inbound:
         if call.state in DECIDED:
             self._consume(size)
             return
+        reader = call.reader
+        if reader is NO_READER:
+            reader = call.reader = MessageReader(call.max_message)
         try:
-            messages = call.reader.feed(data)
+            messages = reader.feed(data)
         except MessageTooLarge as exc:
             self._consume(size)
             self._conn.message_too_large(call, exc)
@@ -172,7 +181,7 @@ class Inbound:
             self._consume(call.held)
             call.messages.clear()
         call.held = call.withheld = 0
-        if call.reader.buf:
+        if call.reader is not NO_READER and call.reader.partial:
             call.reader.clear()  # its task may live on a while; the bytes need not
 
     def _return_stream_credit(self, call: Call) -> None:

@@ -39,7 +39,7 @@ class ConnectionLife:
         _writable: asyncio.Future[None] | None
         _going_away: bool
         _close_after_flush: bool
-        _last_stream: int
+        last_stream: int
 
         def flush(self) -> None: ...
 
@@ -111,7 +111,7 @@ class ConnectionLife:
             self._output.close()
             return
         self._going_away = True
-        self.outbox.out.append(goaway(self._last_stream, H2Error.NO_ERROR))
+        self.outbox.out.append(goaway(self.last_stream, H2Error.NO_ERROR))
         self._close_after_flush = not self.calls
         self.flush_soon()
 
@@ -124,7 +124,7 @@ class ConnectionLife:
 
     def _fail(self, code: H2Error, message: str) -> None:
         log.info("closing a gRPC connection: %s", message)
-        self.outbox.out.append(goaway(self._last_stream, code, message))
+        self.outbox.out.append(goaway(self.last_stream, code, message))
         self.flush()
         self._close()
 

@@ -15,6 +15,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from tritium.frontends.grpc.call import BadMessage
+from tritium.frontends.grpc.lifted import Lifted, LiftedEntries
 from tritium.frontends.grpc.protowire import (
     MAX_NESTING,
     GroupTooLarge,
@@ -45,6 +46,11 @@ class SliceBudget:
     plan_fields: int = 1024  # a message of fewer, cheap fields parses whole (one copy)
     max_entries: int = 65536  # sub-messages or map entries in one repeated field or map
     max_unsplit_fields: int = 4096  # fields a map entry or group past slice_bytes may hold
+    # Entries of a top-level repeated bytes field this large are lifted, not copied (see
+    # ``lifted``); any other string, bytes or unknown field upb would copy in one step may
+    # be at most ``max_copy_bytes`` (~20 ms of copying with the GIL held).
+    lift_bytes: int = 1 << 20
+    max_copy_bytes: int = 32 << 20
 
 
 DEFAULT_BUDGET = SliceBudget()
@@ -52,10 +58,11 @@ DEFAULT_BUDGET = SliceBudget()
 
 async def parse_message(
     message_type: type[M], data: bytes | memoryview, budget: SliceBudget = DEFAULT_BUDGET
-) -> M:
-    """``message_type.FromString(data)``, yielding to the loop while a big message parses.
+) -> M | Lifted:
+    """``message_type.FromString(data)``, yielding to the loop while a big message parses;
+    a ``Lifted`` over it when entries of its repeated bytes field were lifted (see there).
 
-    ``data`` must not change until the parse returns.
+    ``data`` must not change while the result is in use (lifted entries are views of it).
     Raises ``BadMessage`` (INVALID_ARGUMENT) for bytes that do not parse, and for shapes
     whose parse cannot be bounded (more than ``max_entries`` sub-messages in one field, a
     huge map entry or group of tiny fields)."""
@@ -64,12 +71,14 @@ async def parse_message(
             return message_type.FromString(data)
         except DecodeError as exc:
             raise BadMessage(f"request message does not parse: {exc}") from None
-    view = memoryview(data).cast("B")
+    view = memoryview(data).cast("B").toreadonly()
+    layout = _layout(message_type.DESCRIPTOR)
     try:
-        if _cheap_whole(view, _layout(message_type.DESCRIPTOR), budget):
+        if _cheap_whole(view, layout, budget):
             return message_type.FromString(data)
         message = message_type()
-        await _Slicer(view, budget).merge(message, 0, len(view), 0)
+        slicer = _Slicer(view, budget)
+        await slicer.merge(message, 0, len(view), 0)
     except DecodeError:
         name = message_type.DESCRIPTOR.full_name
         raise BadMessage(
@@ -77,6 +86,10 @@ async def parse_message(
         ) from None
     except (_Unsplittable, GroupTooLarge) as exc:
         raise BadMessage(f"request message is too costly to parse: {exc}") from None
+    if slicer.lifted:
+        assert layout.lifts is not None
+        name = layout.fields[layout.lifts].name
+        return Lifted(message, name, LiftedEntries(getattr(message, name), slicer.lifted))
     return message
 
 
@@ -111,6 +124,7 @@ class _Layout:
     fields: dict[int, _Field]  # by number
     entries: tuple[str, ...]  # repeated message fields and maps: their length is bounded
     arrays: tuple[tuple[str, int], ...]  # repeated scalars, with their least bytes per element
+    lifts: int | None  # the number of a repeated bytes field whose big entries are lifted
 
 
 _LAYOUTS: dict[Descriptor, _Layout] = {}
@@ -124,7 +138,8 @@ def _layout(descriptor: Descriptor) -> _Layout:
             {fd.number: _Field(_kind(fd), fd.name, fd.message_type) for fd in descriptor.fields},
             tuple(fd.name for fd in repeated if fd.type == _TYPES.TYPE_MESSAGE),
             tuple((fd.name, _least_element_bytes(fd)) for fd in repeated
-                  if fd.type != _TYPES.TYPE_MESSAGE))
+                  if fd.type != _TYPES.TYPE_MESSAGE),
+            next((fd.number for fd in repeated if fd.type == _TYPES.TYPE_BYTES), None))
     return layout
 
 
@@ -189,7 +204,11 @@ def _cheap_whole(view: memoryview, layout: _Layout, budget: SliceBudget) -> bool
             cost += field_end - pos
         elif kind in (_OPAQUE, _FIXED32S, _FIXED64S):  # copied, not read
             cost += body - pos
-            largest = max(largest, field_end - body)
+            size = field_end - body
+            if size > budget.max_copy_bytes or (
+                    size >= budget.lift_bytes and number == layout.lifts):
+                return False  # refused, or lifted: never copied whole
+            largest = max(largest, size)
         else:
             cost += body - pos + ((field_end - body) >> _PAYLOAD_SHIFT[kind])
         if cost > budget.slice_bytes:
@@ -203,6 +222,8 @@ class _Slicer:
 
     def __init__(self, view: memoryview, budget: SliceBudget):
         self.view, self.budget, self.mark = view, budget, time.perf_counter()
+        # Entries of the top level's lifted field taken as views: (index in it, view).
+        self.lifted: list[tuple[int, memoryview]] = []
 
     async def pace(self) -> None:
         if time.perf_counter() - self.mark >= self.budget.hold_s:
@@ -257,7 +278,13 @@ class _Slicer:
             kind = field.kind if field is not None and wire == 2 else _OPAQUE
             weight = field_end - pos if wire != 2 else (
                 body - pos + ((field_end - body) >> _PAYLOAD_SHIFT[kind]))
-            if weight > budget:
+            if number == layout.lifts and not depth and wire == 2 \
+                    and field_end - body >= self.budget.lift_bytes:
+                self.apply(target, start, pos)
+                self.lift(target, body, field_end)
+                await self.pace()
+                start, cost, scanned, may_guess = field_end, 0, 0, True
+            elif weight > budget:
                 self.apply(target, start, pos)
                 await self.pace()
                 await self.merge_big(target, field, kind, number, (pos, body, field_end), depth)
@@ -294,11 +321,21 @@ class _Slicer:
         elif kind in _PACKED:
             await self.merge_packed(target, number, kind, body, end)
         else:
+            if end - body > self.budget.max_copy_bytes:  # a map entry's string too
+                raise _Unsplittable(f"a field of {end - body} bytes (field {number}) is more "
+                                    f"than one step may copy")
             if field is not None and field.message is not None and kind == _MAP:
                 # A map entry goes to upb whole: it must be cheap to parse.
                 _check_unsplit(self.view, (body, end), field.message, depth + 1, self.budget)
             self.apply(target, pos, end)
             await self.pace()
+
+    def lift(self, target: _Target, body: int, end: int) -> None:
+        """Take the entry in ``view[body:end]`` as a view, in its place among the others."""
+        layout = target.layout
+        assert layout.lifts is not None  # only that field's entries are lifted
+        parsed = len(getattr(target.message, layout.fields[layout.lifts].name))
+        self.lifted.append((parsed + len(self.lifted), self.view[body:end]))
 
     async def merge_packed(self, target: _Target, number: int, kind: int, pos: int,
                            end: int) -> None:

@@ -24,7 +24,7 @@ log = logging.getLogger("tritium.grpc")
 
 
 def dispatch_unary(conn: GrpcConnection, call: Call) -> None:
-    if call.reader.buf or len(call.messages) != 1:  # a message half in, or not just one
+    if call.reader.partial or len(call.messages) != 1:  # a message half in, or not just one
         count = len(call.messages) + (1 if call.reader.partial else 0)
         conn.finish(call, GrpcStatus.INTERNAL if call.reader.partial else
                     GrpcStatus.UNIMPLEMENTED, "incomplete request message"

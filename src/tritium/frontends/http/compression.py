@@ -14,7 +14,8 @@ Part = bytes | memoryview  # as tensor_data.Part; kept local so compression need
 _WBITS = {"gzip": 31, "deflate": 15}
 
 
-def decompress_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+def decompress_body(body: bytes | memoryview, content_encoding: str | None,
+                    limit: int) -> bytes | memoryview:
     """Undo the request's Content-Encoding, refusing output larger than ``limit``."""
     encoding = (content_encoding or "identity").strip().lower()
     if encoding == "identity":

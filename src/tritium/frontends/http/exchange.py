@@ -41,7 +41,7 @@ class HttpRequest:
     path: str  # without the query string, still percent-encoded
     query: str
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
-    body: bytes
+    body: bytes | memoryview  # a large one: a read-only view of the buffer it arrived in
     http_version: str  # "1.0" or "1.1"
     keep_alive: bool
 

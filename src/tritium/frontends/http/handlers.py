@@ -218,7 +218,7 @@ class HttpApi:
         finally:
             tracing.finish(trace, tracing.HTTP_EVENTS, exchange.responded)
 
-    def _decode_infer(self, body: bytes, header_length: int | None, model: ModelHandle,
+    def _decode_infer(self, body: bytes | memoryview, header_length: int | None, model: ModelHandle,
                       version: int | None) -> InferenceRequest:
         if header_length != 0:
             return codec.decode_infer_request(
@@ -294,7 +294,7 @@ class HttpApi:
                                           tracing.HTTP_EVENTS)
         return request
 
-    async def _unpacked_body(self, exchange: HttpExchange) -> bytes:
+    async def _unpacked_body(self, exchange: HttpExchange) -> bytes | memoryview:
         """The body, decompressed off the event loop unless it is small."""
         request = exchange.request
         if request.headers.get("content-encoding") is None:
@@ -302,7 +302,7 @@ class HttpApi:
         return await _coded(functools.partial(self._body, exchange),
                             _INFLATE_RATIO * len(request.body))
 
-    def _body(self, exchange: HttpExchange) -> bytes:
+    def _body(self, exchange: HttpExchange) -> bytes | memoryview:
         request = exchange.request
         encoding = request.headers.get("content-encoding")
         if encoding is None:
@@ -392,7 +392,7 @@ def _header_length(value: str | None, body_length: int) -> int | None:
     return length
 
 
-def _json_object(body: bytes, allow_empty: bool) -> dict[str, Any]:
+def _json_object(body: bytes | memoryview, allow_empty: bool) -> dict[str, Any]:
     if not body and allow_empty:
         return {}
     try:

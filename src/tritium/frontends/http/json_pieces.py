@@ -54,7 +54,7 @@ def loads(data: bytes | bytearray | memoryview, piece: int = PIECE,
     before a single Python object is built for it: each value costs far more memory than its
     bytes. ``progress(root)`` sees the document as merged so far after each piece, and may
     raise to stop there (a reader that can tell the rest is not worth parsing)."""
-    text = bytes(data)
+    text = _whole_buffer(data)
     if len(text) <= piece:
         return _loads(text)
     cuts = _Scanner(text, piece, max_tokens).cuts()
@@ -63,7 +63,19 @@ def loads(data: bytes | bytearray | memoryview, piece: int = PIECE,
     return _Merger(text, cuts, progress).run()
 
 
-def _loads(text: bytes) -> Any:
+def _whole_buffer(data: bytes | bytearray | memoryview) -> bytes | bytearray:
+    """``data`` as the object it views when it views all of one (a body is held once, never
+    copied to be parsed); a copy only of a part of one."""
+    if isinstance(data, memoryview):
+        whole = data.obj
+        if isinstance(whole, bytes | bytearray) and data.nbytes == len(whole) \
+                and data.contiguous:
+            return whole
+        return bytes(data)
+    return data
+
+
+def _loads(text: bytes | bytearray) -> Any:
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
@@ -77,7 +89,7 @@ class _Scanner:
     """Finds the cuts: one comma outside strings near the end of each block, with the
     containers open there."""
 
-    def __init__(self, text: bytes, block: int, max_tokens: int | None = None):
+    def __init__(self, text: bytes | bytearray, block: int, max_tokens: int | None = None):
         self.text = text
         self.block = block
         self.tokens_left = max_tokens
@@ -184,7 +196,7 @@ _OPEN_BYTES = np.frombuffer(b"[{", np.uint8)
 class _Merger:
     """Parses the pieces between cuts and grows one document from them."""
 
-    def __init__(self, text: bytes, cuts: list[tuple[int, list[_Open]]],
+    def __init__(self, text: bytes | bytearray, cuts: list[tuple[int, list[_Open]]],
                  progress: Callable[[Any], None] | None = None):
         self.text = text
         self.cuts = cuts
@@ -272,14 +284,14 @@ class _Merger:
         return key
 
 
-def _forward_over(text: bytes, index: int, skipped: bytes) -> int:
+def _forward_over(text: bytes | bytearray, index: int, skipped: bytes) -> int:
     """The first index at or after ``index`` whose byte is not in ``skipped``."""
     while index < len(text) and text[index] in skipped:
         index += 1
     return index
 
 
-def _back_over(text: bytes, index: int, skipped: bytes) -> int:
+def _back_over(text: bytes | bytearray, index: int, skipped: bytes) -> int:
     """The last index at or before ``index`` whose byte is not in ``skipped`` (-1: none)."""
     while index >= 0 and text[index] in skipped:
         index -= 1

@@ -22,6 +22,9 @@ _HEADER_NAMES_MAX = 1024
 # Reads larger than this are parsed in slices of it, so that parsing stops soon after the
 # pipeline fills (at most a slice's worth of tiny requests past the bound).
 _SLICE = 4096
+# A body of several reads up to this size is copied into bytes once it is whole; a larger one
+# is handed over as a view of the buffer it was received in.
+_SMALL_BODY = 1 << 20
 # What a closed connection parses with: it calls back into nothing, so the connection it
 # replaces is no longer referenced by its own parser (a cycle only a full collection finds).
 _DETACHED = httptools.HttpRequestParser(object())
@@ -137,7 +140,7 @@ class RequestReader(asyncio.Protocol):
         self._head_size = 0  # request line + headers seen by the callbacks
         self._url = b""
         self._headers: dict[str, str] = {}
-        self._body_parts: list[bytes] = []
+        self._body: bytes | bytearray = b""
         self._body_size = 0
         self._content_length = 0
         self._chunks = 0
@@ -210,7 +213,15 @@ class RequestReader(asyncio.Protocol):
         self._body_size += len(body)
         if self._body_size > self._max_body_bytes:
             self._fail(self._body_too_large())
-        self._body_parts.append(body)
+        held = self._body
+        if not held:
+            self._body = body
+        elif type(held) is bytes:
+            # A body of several reads grows in one buffer: parts joined at the end would
+            # hold it twice (a large buffer grows in place, without a copy).
+            self._body = bytearray(held) + body
+        else:
+            held += body
 
     def on_message_complete(self) -> None:
         if self._discard_input:
@@ -219,16 +230,17 @@ class RequestReader(asyncio.Protocol):
         if url[:1] != b"/":
             url = _origin_form(url)
         path, _, query = url.partition(b"?")
-        parts = self._body_parts
+        body = self._body
         request = HttpRequest(
             self._method,
             path.decode("latin-1"),
             query.decode("latin-1") if query else "",
             self._headers,
-            parts[0] if len(parts) == 1 else b"".join(parts),
+            body if isinstance(body, bytes) else _grown_body(body),
             self._version,
             self._keep_alive,
         )
+        self._body = b""  # the request holds it now, and only the request
         self._phase = Phase.IDLE
         self._raw_head_bytes = 0
         if not request.keep_alive:
@@ -256,7 +268,7 @@ class RequestReader(asyncio.Protocol):
         """Drop the parser and whatever it holds: the connection is gone."""
         self._discard_input = True
         self._parser = _DETACHED
-        self._body_parts.clear()  # a partly received body goes now, not with the connection
+        self._body = b""  # a partly received body goes now, not with the connection
         self._unparsed = b""
 
     def _resume_parsing(self) -> None:
@@ -265,6 +277,14 @@ class RequestReader(asyncio.Protocol):
         unparsed, self._unparsed = self._unparsed, b""
         if unparsed:
             self.data_received(unparsed)
+
+
+def _grown_body(body: bytearray) -> bytes | memoryview:
+    """A body of several reads as requests hold it: bytes, or when large a read-only view of
+    the buffer it grew in (copied into bytes, it would be held twice while it is)."""
+    if len(body) <= _SMALL_BODY:
+        return bytes(body)
+    return memoryview(body).toreadonly()
 
 
 def _header_name(raw: bytes) -> str:

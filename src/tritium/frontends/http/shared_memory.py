@@ -110,7 +110,7 @@ async def cuda_unregister(api: HttpApi, exchange: HttpExchange, match: Match) ->
     exchange.respond(200, _JSON, b"")
 
 
-def _register_body(body: bytes) -> tuple[str, int, int]:
+def _register_body(body: bytes | memoryview) -> tuple[str, int, int]:
     """``key``, ``offset`` (default 0) and ``byte_size`` of a register request; an empty
     body is an empty object, as Triton reads it."""
     doc = _json_object(body)
@@ -130,7 +130,7 @@ def _register_body(body: bytes) -> tuple[str, int, int]:
     return key, offset, byte_size
 
 
-def _json_object(body: bytes) -> dict[str, Any]:
+def _json_object(body: bytes | memoryview) -> dict[str, Any]:
     if not body:
         return {}
     try:

@@ -162,7 +162,7 @@ async def _prompt(api: HttpApi, exchange: HttpExchange, chat: bool
     return params, model, await offload.run(render) if heavy else render()
 
 
-def read_body(body: bytes, chat: bool) -> tuple[Params, str | list[dict[str, Any]]]:
+def read_body(body: bytes | memoryview, chat: bool) -> tuple[Params, str | list[dict[str, Any]]]:
     """The parameters and the prompt (a completion) or the messages (a chat) of a body."""
     doc = parse_body(body)
     if not chat:

@@ -37,7 +37,7 @@ class Params:
     sampling: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
+def parse_body(body: bytes | memoryview) -> dict[str, Any]:
     """The request's JSON object; a body larger than a piece is parsed a piece at a time,
     so that, on a worker thread, it never holds the GIL for long."""
     try:
