@@ -179,6 +179,7 @@ def test_add_sub_on_two_instances_at_once(server: TritiumProcess) -> None:
         result = call.get_result()
         assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
         assert np.array_equal(result.as_numpy("OUTPUT1"), a - b)
+    client.close()  # not left to the collector: its pool must be closed on this thread
 
 
 def _stats(server: TritiumProcess, model: str) -> dict[str, int]:
@@ -201,6 +202,7 @@ def test_a_dynamic_batch_runs_as_one_execute(server: TritiumProcess) -> None:
         calls.append((data, client.async_infer("identity_batch", [tensor])))
     for data, call in calls:
         assert np.array_equal(call.get_result().as_numpy("OUTPUT0"), data)
+    client.close()
     after = _stats(server, "identity_batch")
     assert after["inferences"] - before["inferences"] == 4
     assert after["executions"] - before["executions"] < 4

@@ -299,11 +299,14 @@ def test_a_request_behind_a_busy_instance_computes_after_the_one_before(
     contexts = [traceparent() for _ in range(2)]
     results: queue.Queue[Any] = queue.Queue()
     client = httpclient.InferenceServerClient(server.http_url, concurrency=2)
-    pending = [client.async_infer("busy", [fp32_input(httpclient, [float(i)])],
-                                  headers={"traceparent": header})
-               for i, (header, _, _) in enumerate(contexts)]
-    for request in pending:
-        results.put(request.get_result().as_numpy("OUTPUT0").tolist())
+    try:
+        pending = [client.async_infer("busy", [fp32_input(httpclient, [float(i)])],
+                                      headers={"traceparent": header})
+                   for i, (header, _, _) in enumerate(contexts)]
+        for request in pending:
+            results.put(request.get_result().as_numpy("OUTPUT0").tolist())
+    finally:
+        client.close()
     assert sorted(results.get() + results.get()) == [0.0, 1.0]
     computes = [one(receiver.trace(trace_id, 3), "compute") for _, trace_id, _ in contexts]
     first, second = sorted(computes, key=lambda span: span.start_ns)

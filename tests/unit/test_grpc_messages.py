@@ -57,3 +57,36 @@ def test_a_big_message_over_the_limit_is_refused_before_anything_is_gathered() -
     with pytest.raises(MessageTooLarge):
         reader.feed(memoryview(prefixed(BIG))[:10])
     assert reader.whole is None
+
+
+def _status_mib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field):
+                return int(line.split()[1]) // 1024
+    raise AssertionError(f"no {field}")
+
+
+def test_an_inflated_message_is_held_about_once_even_after_malloc_kept_big_blocks() -> None:
+    """Once a process has freed a block as large as an inflation step, malloc serves such
+    blocks from its heap and keeps them: the pieces must not stay held while joined."""
+    import asyncio
+    import zlib
+
+    from tritium.frontends.grpc.messages import inflate
+
+    size = 256 << 20
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    bomb = packer.compress(bytes(size)) + packer.flush()
+    block = bytearray(5 << 20)  # freed: malloc's threshold for mapping blocks rises past it
+    del block
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # the peak (VmHWM) starts again from what is held now
+    except OSError:
+        pytest.skip("this kernel cannot reset a process's peak memory")
+    before = _status_mib("VmRSS")
+    message = asyncio.run(inflate(bomb, "gzip", size + 1))
+    assert len(message) == size
+    grown = _status_mib("VmHWM") - before
+    assert grown < 1.25 * (size >> 20), f"peak grew {grown} MiB for a {size >> 20} MiB message"
