@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import queue
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
+from tests.e2e import test_protocols
 from tests.e2e.observe import wait_for_metric
 from tests.e2e.test_generate import sse_events, url
 from tests.e2e.test_protocols import Client
@@ -22,15 +22,10 @@ from tests.e2e.test_sequences import new_sequence, step
 from tests.server_process import TritiumProcess
 from tritium.core import messages
 
+client = test_protocols.client  # the fixture: each test over HTTP and over gRPC
+
 START, END = 1, 2
 PENDING = "nv_inference_pending_request_count"
-
-
-@pytest.fixture(params=["http", "grpc"])
-def client(request: pytest.FixtureRequest, server: TritiumProcess) -> Iterator[Client]:
-    wrapped = Client(request.param, server)
-    yield wrapped
-    wrapped.raw.close()
 
 
 def executions(client: Client, model: str, times: int, **options: Any

@@ -6,30 +6,25 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e import test_protocols
 from tests.e2e.observe import Records, wait_for_metric
 from tests.e2e.test_protocols import Client
 from tests.e2e.test_sequences import new_sequence
 from tests.server_process import TritiumProcess
 
+client = test_protocols.client  # the fixture: each test over HTTP and over gRPC
+
 MODEL = "sequence_slots"
 PENDING = "nv_inference_pending_request_count"
-
-
-@pytest.fixture(params=["http", "grpc"])
-def client(request: pytest.FixtureRequest, server: TritiumProcess) -> Iterator[Client]:
-    wrapped = Client(request.param, server)
-    yield wrapped
-    wrapped.raw.close()
 
 
 def step(client: Client, sequence: int, value: int, start: bool = False, end: bool = False,

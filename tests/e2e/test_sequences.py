@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests.e2e import test_protocols
 from tests.e2e.observe import Records, wait_for_metric
 from tests.e2e.test_protocols import Client
 from tests.server_process import TritiumProcess
+
+client = test_protocols.client  # the fixture: each test over HTTP and over gRPC
 
 MODEL = "sequence_accumulator"
 PENDING = "nv_inference_pending_request_count"
@@ -28,13 +31,6 @@ _ids = itertools.count(uuid.uuid4().int % (1 << 40) + 1)
 
 def new_sequence() -> int:
     return next(_ids)
-
-
-@pytest.fixture(params=["http", "grpc"])
-def client(request: pytest.FixtureRequest, server: TritiumProcess) -> Iterator[Client]:
-    wrapped = Client(request.param, server)
-    yield wrapped
-    wrapped.raw.close()
 
 
 def step(client: Client, sequence: int, value: int, start: bool = False, end: bool = False,
