@@ -10,7 +10,6 @@ instance processes), which wanders less on a busy machine.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import requests
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
-from driver import cpu_seconds  # noqa: E402
+from driver import tree_cpu  # noqa: E402
 from tests.server_process import TritiumProcess  # noqa: E402
 from tests.zoo import _parameter, _tensor, add_model  # noqa: E402
 
@@ -35,24 +34,6 @@ def build(repo: Path) -> None:
                   + _tensor("input", "INPUT0", "INT32", "2")
                   + _tensor("output", "OUTPUT0", "FP64", "2")
                   + _parameter("TRITIUM_INSTANCE_KIND", kind))
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every process below it."""
-    found = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children = (task / "children").read_text().split()
-        for child in children:
-            found.extend(_tree(int(child)))
-    return found
-
-
-def tree_cpu(pid: int) -> float:
-    total = 0.0
-    for each in _tree(pid):
-        with contextlib.suppress(OSError):  # ended meanwhile
-            total += cpu_seconds(each)
-    return total
 
 
 def measure(server: TritiumProcess, model: str, calls: int, width: int) -> tuple[float, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -32,6 +33,38 @@ def binary_infer_request(model: str, data: bytes, shape: list[int]) -> bytes:
     return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: bench\r\n"
             f"Inference-Header-Content-Length: {len(header)}\r\n"
             f"Content-Length: {len(header) + len(data)}\r\n\r\n").encode() + header + data
+
+
+def _parent_of(entry: str) -> int:
+    return int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def descendants(pid: int) -> dict[int, int]:
+    """Every live process below ``pid`` (instance processes sit under their guardians),
+    each with its parent."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):  # it may have just exited
+                parents.setdefault(_parent_of(entry), []).append(int(entry))
+    found: dict[int, int] = {}
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for child in parents.get(parent, []):
+            found[child] = parent
+            todo.append(child)
+    return found
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and every process below it (the guardians and instance
+    processes of a server, the stubs of Triton)."""
+    total = cpu_seconds(pid)
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):  # it may have just exited
+            total += cpu_seconds(child)
+    return total
 
 
 def cpu_seconds(pid: int) -> float:

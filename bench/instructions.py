@@ -26,7 +26,6 @@ package ``valgrind``); the server runs some 50x slower under it, so startup take
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import shutil
 import socket
@@ -43,7 +42,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpc_infer
 import http_infer
-from driver import REPOSITORY, TritiumProcess
+from driver import REPOSITORY, TritiumProcess, descendants
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM_UP = 300
@@ -124,26 +123,6 @@ class OtlpSink:
         return cls._shared
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (instance processes sit under their guardians)."""
-    below: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                below.setdefault(int(stat[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        children = below.get(todo.pop(), [])
-        found.extend(children)
-        todo.extend(children)
-    return found
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def measure(tree: Path, protocol: str, requests: int, trace: str | None = None,
             kind: str = "thread", flags: tuple[str, ...] = (),
             edit_config: Callable[[str], str] | None = None) -> int:
@@ -170,7 +149,8 @@ def measure(tree: Path, protocol: str, requests: int, trace: str | None = None,
                     send_grpc(server.grpc_url, count)
 
             send(WARM_UP)
-            pids = [server.pid, *descendants(server.pid)]
+            below = descendants(server.pid)
+            pids = [server.pid, *below]
             for action in ("--zero", "--dump"):
                 for pid in pids:
                     subprocess.run(["callgrind_control", action, str(pid)], check=True,
@@ -178,7 +158,7 @@ def measure(tree: Path, protocol: str, requests: int, trace: str | None = None,
                 if action == "--zero":
                     send(requests)
             if len(pids) > 1:  # where they went: the server, its guardians, their instances
-                guardians = [p for p in pids if parent_of(p) == server.pid]
+                guardians = [p for p, parent in below.items() if parent == server.pid]
                 roles = {"server": [server.pid], "guardians": guardians,
                          "instance processes": [p for p in pids[1:] if p not in guardians]}
                 print("      " + ", ".join(

@@ -26,7 +26,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +39,7 @@ import grpc_infer  # noqa: E402
 import http_infer  # noqa: E402
 from cancellation import http_leave, observed  # noqa: E402
 from cancellation import load as http_load  # noqa: E402
-from driver import cpu_seconds  # noqa: E402
+from driver import descendants, tree_cpu  # noqa: E402
 from tests.e2e.observe import Records  # noqa: E402
 from tests.models.busy import work  # noqa: E402
 from tests.server_process import TritiumProcess  # noqa: E402
@@ -91,30 +91,6 @@ def build(repo: Path, records: Path, turns: int) -> None:
 
 
 # -- measuring --------------------------------------------------------------------------
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(entry))
-    return found
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds of the server, its guardians and their instance processes."""
-    total = cpu_seconds(pid)
-    for guardian in children(pid):
-        for process in (guardian, *children(guardian)):
-            with suppress(OSError):  # it may have just exited
-                total += cpu_seconds(process)
-    return total
-
-
 def http_run(model: str, elements: int = 16) -> Callable[[TritiumProcess, int, float], list[float]]:
     payload = http_infer.request_bytes(model, elements)
     return lambda server, c, seconds: uvloop.run(http_infer.run(server.http_port, payload, c,
@@ -159,9 +135,11 @@ def saturated(server: TritiumProcess, model: str, concurrency: int = 4) -> Itera
 
 
 def rss_lines(server: TritiumProcess) -> list[str]:
-    guardians = children(server.pid)
+    below = descendants(server.pid)
+    guardians = [p for p, parent in below.items() if parent == server.pid]
     lines = []
-    for role, pids in (("instance processes", [p for g in guardians for p in children(g)]),
+    for role, pids in (("instance processes", [p for p, parent in below.items()
+                                               if parent in guardians]),
                        ("guardians", guardians)):
         rss, pss = [], []
         for pid in pids:

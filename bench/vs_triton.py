@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from pathlib import Path
 
 import uvloop
@@ -41,7 +41,7 @@ sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 import grpc_infer  # noqa: E402
 import http_infer  # noqa: E402
-from driver import cpu_seconds  # noqa: E402
+from driver import tree_cpu  # noqa: E402
 from metrics_side_by_side import start_triton, stop_triton  # noqa: E402
 from process_instances import EXECUTE_MS, calibrate  # noqa: E402
 from tests.server_process import TritiumProcess  # noqa: E402
@@ -62,31 +62,6 @@ def build(repo: Path, turns: int) -> None:
     shutil.copy(EXAMPLE_IDENTITY, model / "1" / "model.py")
     add_model(repo, "busy", "busy", batched + _parameter("iterations", str(turns))
               + "instance_group [{ count: 2 kind: KIND_CPU }]\n")
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (instance processes sit under guardians)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with suppress(OSError):
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            parents.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        below = parents.get(todo.pop(), [])
-        found.extend(below)
-        todo.extend(below)
-    return found
-
-
-def tree_cpu(pid: int) -> float:
-    total = cpu_seconds(pid)
-    for child in descendants(pid):
-        with suppress(OSError):  # it may have just exited
-            total += cpu_seconds(child)
-    return total
 
 
 def http_drive(port: int) -> Drive:
