@@ -583,13 +583,10 @@ class ModelManager(DependencyRules):
             raise TritiumError(
                 ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}' is not found"
             )
-        if version is None:  # ``_version_of``'s first case, written out: every request
-            latest = entry.latest
-            if latest is None or latest.state is not _READY:
-                latest = entry.latest = _latest_ready(entry)
-            model = latest.model
-            assert model is not None  # a READY slot holds its model (see _swap)
-            return model
+        if version is None:  # every request's usual case, without a call: the latest
+            latest = entry.latest  # version, still ready (``_version_of`` finds it again)
+            if latest is not None and latest.state is _READY and latest.model is not None:
+                return latest.model
         return self._version_of(entry, version)
 
     def resolve_member(self, key: str, version: int | None) -> ServedVersion:
