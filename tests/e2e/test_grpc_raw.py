@@ -334,25 +334,7 @@ class RawClient:
         return frames
 
     def reply(self, stream_id: int) -> Reply:
-        reply = Reply()
-        while (found := self.read()) is not None:
-            if found.stream_id != stream_id:
-                continue
-            if found.kind == FrameType.HEADERS:
-                fields = decoded(self.decoder.decode(found.payload, raw=True))
-                if reply.headers:
-                    reply.trailers = fields
-                else:
-                    reply.headers = fields
-            elif found.kind == FrameType.DATA:
-                reply.data += found.payload
-                reply.frames.append(len(found.payload))
-            elif found.kind == FrameType.RST_STREAM:
-                reply.reset = int.from_bytes(found.payload, "big")
-                return reply
-            if found.flags & END_STREAM and found.kind in (FrameType.HEADERS, FrameType.DATA):
-                return reply
-        raise AssertionError(f"connection closed before stream {stream_id} ended")
+        return self.replies([stream_id])[stream_id]
 
     def replies(self, stream_ids: list[int]) -> dict[int, Reply]:
         """The responses of several streams answered in any order (every header block is
@@ -372,6 +354,7 @@ class RawClient:
                     reply.headers = fields
             elif found.kind == FrameType.DATA:
                 reply.data += found.payload
+                reply.frames.append(len(found.payload))
             elif found.kind == FrameType.RST_STREAM:
                 reply.reset = int.from_bytes(found.payload, "big")
                 open_ids.discard(found.stream_id)

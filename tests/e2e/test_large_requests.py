@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from tests.e2e.bystander import peak_rss_bytes
 from tests.server_process import TritiumProcess
 
 # Thread kind only: hostile bodies are decoded (or refused) by the frontends off the loop; big
@@ -233,14 +234,6 @@ def test_absurd_shapes_are_invalid_on_both_protocols(
         client.close()
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert message in str(info.value.message())
-
-
-def peak_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc")
 
 
 def test_big_binary_input_asked_back_as_json_streams_in_bounded_memory(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.e2e.bystander import Bystander, health_url
+from tests.e2e.bystander import Bystander, health_url, peak_rss_bytes
 from tests.e2e.openai_models import TEXT_IO, base_url
 from tests.server_process import TritiumProcess
 from tests.zoo import _parameter, add_model
@@ -63,13 +63,6 @@ def tiny_messages(model: str, count: int) -> bytes:
             + b",".join([message] * count) + b"]}")
 
 
-def peak_rss(server: TritiumProcess) -> int:
-    assert server.proc is not None
-    status = Path(f"/proc/{server.proc.pid}/status").read_text()
-    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
-    return int(line.split()[1]) * 1024
-
-
 @pytest.mark.parametrize("model", ["no_such_model", "chat"])
 def test_millions_of_tiny_messages_are_refused_without_stalling_anyone(
         server: TritiumProcess, model: str) -> None:
@@ -79,7 +72,7 @@ def test_millions_of_tiny_messages_are_refused_without_stalling_anyone(
     throughout."""
     body = tiny_messages(model, 1_000_000)
     assert len(body) > 28 * MIB
-    before = peak_rss(server)
+    before = peak_rss_bytes(server.pid)
     bystander = Bystander(health_url(server.http_url))
     with bystander.watching() as latencies:
         reply = chat(server, body)
@@ -87,7 +80,7 @@ def test_millions_of_tiny_messages_are_refused_without_stalling_anyone(
     assert reply.status_code == 400, reply.text
     assert "too many JSON values" in reply.json()["error"]["message"]
     bystander.assert_served(latencies)
-    assert peak_rss(server) - before < 4 * len(body)
+    assert peak_rss_bytes(server.pid) - before < 4 * len(body)
 
 
 def test_a_chat_of_more_messages_than_allowed_is_refused(server: TritiumProcess) -> None:
