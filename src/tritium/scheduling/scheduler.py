@@ -154,7 +154,7 @@ class ModelScheduler:
         self._held[instance] = held - 1
         waiting = self._waiting[instance]
         if waiting:
-            self._begin(waiting.popleft())
+            self._begin(waiting.popleft(), waited=True)
         if held > 1:
             self._idle.insert(0, instance)
         else:
@@ -275,35 +275,39 @@ class ModelScheduler:
             self._start(batch, self._idle.pop())
 
     def _start(self, batch: list[AdmittedRequest], instance: Instance) -> None:
-        for request in batch:
-            request.move_to(_EXECUTING)  # out of the queue, wherever it waits now
         held = self._held
+        spare = False
         if held and instance in held:
-            running = held[instance]
-            held[instance] = running + 1
-            if running:  # a spare place: the batch waits there, counted as queued
-                self._waiting[instance].append(batch)
-                if self._ordered is not None:
-                    self._ordered.dispatched(batch)
-                instance.submit(batch)
-                return
-        self._begin(batch)
+            spare = held[instance] > 0  # busy: the batch waits there, counted as queued
+            held[instance] += 1
+        if spare:
+            for request in batch:
+                request.move_to(_EXECUTING)  # out of the queue, though it waits to begin
+            self._waiting[instance].append(batch)
+        else:
+            self._begin(batch)
         if self._ordered is not None:
             self._ordered.dispatched(batch)
         instance.submit(batch)
 
-    def _begin(self, batch: list[AdmittedRequest]) -> None:
-        """``batch`` begins executing: out of the queue's counts, into execution's."""
+    def _begin(self, batch: list[AdmittedRequest], waited: bool = False) -> None:
+        """``batch`` begins executing: out of the queue's counts, into execution's. One
+        that ``waited`` at its instance left the queue when it was sent; a request of it
+        cancelled meanwhile never begins."""
         stats = self.stats
         now = self._clock.now_ns()
         queued = stats.queue  # Duration.add written out: it runs for every request
-        skipped = self._skipped
-        count = 0
-        for request in batch:
-            if skipped and request in skipped:
-                continue
-            queued.ns += now - request.arrival_ns
-            count += 1
+        if waited:
+            skipped = self._skipped
+            if skipped:
+                batch = [request for request in batch if request not in skipped]
+            for request in batch:
+                queued.ns += now - request.arrival_ns
+        else:
+            for request in batch:
+                request.move_to(_EXECUTING)
+                queued.ns += now - request.arrival_ns
+        count = len(batch)
         queued.count += count
         stats.pending -= count
         stats.executing += count
