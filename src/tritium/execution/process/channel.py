@@ -65,7 +65,7 @@ class ParentChannel:
         # for n this large, glibc maps and unmaps them: ~50 µs a call, measured).
         self._buffer = bytearray(_READ_SIZE)
         self._view = memoryview(self._buffer)
-        self._outgoing: list[bytes] = []
+        self._outgoing: list[bytes | bytearray] = []
         self._backlog = bytearray()  # what the socket did not take yet
         self._flush_pending = False
         self._writing = False

@@ -8,7 +8,6 @@ the logging extension's levels and format), whether and how the line is written.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
@@ -42,7 +41,7 @@ def emit(sent: LogRecordBody) -> None:
 
 HANDLERS: dict[str, Handler] = {LOG: serve_log}
 
-_FIELDS = tuple(field.name for field in dataclasses.fields(LogRecordBody))
+_FIELDS = LogRecordBody.__struct_fields__
 
 
 def record_body(record: logging.LogRecord) -> LogRecordBody:
