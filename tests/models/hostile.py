@@ -48,7 +48,7 @@ def _flood(fd):
 ATTACKS = {
     1: lambda fd: os.write(fd, _frame(pickle.dumps((14, _Payload())))),
     2: lambda fd: os.write(fd, _frame(msgspec.msgpack.encode(
-        [14, 424242, "log", None, [1 << 40, [["x", 8, [4], 0, 16]], None], []]))),
+        [14, 424242, "log", None, [1 << 40, [["x", 8, [4], 0, 16]]], []]))),
     3: lambda fd: os.write(fd, ((4 << 30) - 1).to_bytes(4, "little") + b"\0" * 4096),
     4: lambda fd: threading.Thread(target=_flood, args=(fd,), daemon=True).start(),
 }

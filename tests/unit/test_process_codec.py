@@ -40,7 +40,8 @@ MESSAGES: list[Any] = [
     msg.Responses([msg.ResponseBody(3, True, parameters={"a": "b"}, tensors=PACKED)]),
     msg.Done(7, 1000, [msg.ResponseBody(3, False, error=msg.ErrorBody("INTERNAL", "x"))],
              [msg.Released(3, 2)], [4]),
-    msg.Call(9, "bls.exec", None, msg.Packed(-1, [], b"inline"), [3]),
+    msg.Call(9, "bls.exec", None,
+             msg.Packed(-1, [msg.TensorDesc("", 2, (6,), 0, 6, memoryview(b"inline"))]), [3]),
     msg.CallCancel(9),
     msg.Stopped(),
 ]

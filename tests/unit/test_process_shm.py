@@ -13,9 +13,12 @@ import pytest
 
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.types import DataType, Tensor
+from tritium.execution.process import messages as msg
+from tritium.execution.process.codec import FrameReader, decode, encode
 from tritium.execution.process.flags import FlagTable, FlagView
 from tritium.execution.process.shm import (
     LARGE,
+    SMALL,
     ArenaReader,
     ArenaWriter,
     Mapping,
@@ -68,28 +71,28 @@ def test_received_tensors_are_writable_views_of_the_arena(
     """No copy on the receiving side: the array is the shared memory (and a model may
     write into its inputs, as Triton lets it)."""
     writer, reader = arena
-    (got,) = reader.unpack(writer.pack([_tensor("x", np.arange(8, dtype=np.float32))]))
+    (got,) = reader.unpack(writer.pack([_tensor("x", np.arange(SMALL, dtype=np.float32))]))
     assert got.data.flags.writeable and not got.data.flags.owndata
     got.data[0] = 42.0
-    (again,) = reader.unpack(writer.pack([_tensor("x", np.arange(8, dtype=np.float32))]))
+    (again,) = reader.unpack(writer.pack([_tensor("x", np.arange(SMALL, dtype=np.float32))]))
     assert again.data[0] == 0.0  # a second block, not the first one reused while alive
 
 
 def test_a_block_is_reused_once_its_views_are_gone(
         arena: tuple[ArenaWriter, ArenaReader]) -> None:
     writer, reader = arena
-    packed = writer.pack([_tensor("x", np.arange(4, dtype=np.int32))])
+    packed = writer.pack([_tensor("x", np.arange(SMALL, dtype=np.int32))])
     first = reader.unpack(packed)
     view = first[0].data[1:]  # a view of a view keeps the block too
     del first
     gc.collect()
-    second = writer.pack([_tensor("y", np.arange(4, dtype=np.int32))])
+    second = writer.pack([_tensor("y", np.arange(SMALL, dtype=np.int32))])
     assert second.offset != packed.offset
     reader.unpack(second)  # received and dropped at once
     del view
     gc.collect()
     # Both blocks are free now: the ring is empty and starts over at offset 0.
-    assert writer.pack([_tensor("z", np.arange(4, dtype=np.int32))]).offset == 0
+    assert writer.pack([_tensor("z", np.arange(SMALL, dtype=np.int32))]).offset == 0
 
 
 def test_the_ring_wraps_to_its_start(arena: tuple[ArenaWriter, ArenaReader]) -> None:
@@ -119,7 +122,7 @@ def test_a_block_held_for_long_does_not_stop_the_others(
     held = reader.unpack(writer.pack([_tensor("keep", chunk)]))
     for _ in range(40):
         packed = writer.pack([_tensor("x", np.zeros(100_000, dtype=np.uint8))])
-        assert packed.offset > 0 and packed.inline is None
+        assert packed.offset > 0 and all(t.data is None for t in packed.tensors)
         reader.unpack(packed)  # dropped at once
     assert int(held[0].data.sum()) == chunk.size
 
@@ -146,9 +149,28 @@ def test_what_no_block_holds_travels_inline(arena: tuple[ArenaWriter, ArenaReade
     writer, reader = arena
     huge = np.arange(SIZE // 4, dtype=np.int32)
     packed = writer.pack([_tensor("huge", huge)])
-    assert packed.offset == -1 and packed.inline is not None
+    assert packed.offset == -1 and packed.tensors[0].data is not None
     (got,) = reader.unpack(packed)
     assert np.array_equal(got.data, huge)
+
+
+def test_small_tensors_travel_inline(arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    """A message's few small tensors go inside it: no block is taken for them, and they
+    arrive whole through the codec (the arrays view the frame)."""
+    writer, reader = arena
+    small = np.arange(16, dtype=np.float32).reshape(1, 16)
+    text = np.array([b"a", b"bc"], dtype=np.object_)
+    packed = writer.pack([_tensor("x", small), Tensor("t", DataType.BYTES, (2,), text)])
+    assert packed.offset == -1
+    frames = FrameReader()
+    frames.feed(encode(msg.Execute(1, [], packed)))
+    crossed = decode(frames.bodies(1)[0])
+    got = reader.unpack(crossed.inputs)
+    assert np.array_equal(got[0].data, small) and got[0].shape == (1, 16)
+    got[0].data[0, 0] = 42.0  # writable, as inputs in the arena are
+    assert list(got[1].data) == [b"a", b"bc"]
+    big = np.zeros(SMALL + 1, dtype=np.uint8)
+    assert writer.pack([_tensor("big", big)]).offset >= 0
 
 
 def test_buffers_round_trip(arena: tuple[ArenaWriter, ArenaReader]) -> None:

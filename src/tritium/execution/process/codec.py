@@ -95,9 +95,10 @@ class FrameReader:
             self._at = 0
         self._pending += data
 
-    def bodies(self, limit: int) -> list[bytes]:
-        """Up to ``limit`` complete frame bodies, in order."""
-        out: list[bytes] = []
+    def bodies(self, limit: int) -> list[bytearray]:
+        """Up to ``limit`` complete frame bodies, in order: each a copy of its own, writable
+        (tensors that travel inline are views of it, and a model may write its inputs)."""
+        out: list[bytearray] = []
         pending, at, end = self._pending, self._at, len(self._pending)
         while len(out) < limit and end - at >= 4:
             (length,) = LENGTH.unpack_from(pending, at)
@@ -106,7 +107,7 @@ class FrameReader:
                                  f"{MAX_FRAME}")
             if end - at - 4 < length:
                 break
-            out.append(bytes(pending[at + 4:at + 4 + length]))
+            out.append(pending[at + 4:at + 4 + length])
             at += 4 + length
         self._at = at
         if at == end:

@@ -12,7 +12,7 @@ Python, which is much of what one request at a time costs beyond a thread instan
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -28,24 +28,28 @@ class Part(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True
 
 # -- parts ----------------------------------------------------------------------------
 
+Count = Annotated[int, msgspec.Meta(ge=0)]  # a size, dimension or place: never negative
+
+
 
 class TensorDesc(Part):
-    """One tensor of a block: where its bytes are, relative to the block's data."""
+    """One tensor: where its bytes are relative to its block's data, or the bytes themselves
+    (``data``) when its message carries them inline."""
 
     name: str
     datatype: int  # DataType.code
-    shape: tuple[int, ...]
-    at: int
-    nbytes: int
+    shape: tuple[Count, ...]
+    at: Count
+    nbytes: Count
+    data: memoryview | None = None  # decoded as a view of the frame: no copy
 
 
 class Packed(Part):
-    """Tensors of one message: a block of the sender's arena, or inline bytes when no
-    block had room (``offset`` -1)."""
+    """Tensors of one message: a block of the sender's arena (``offset``), or -1 when they
+    travel inline, each in its ``TensorDesc.data`` (small ones, or when no block had room)."""
 
     offset: int
     tensors: list[TensorDesc]
-    inline: bytes | None = None
 
 
 EMPTY = Packed(-1, [])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import math
 import mmap
 import os
 import struct
@@ -69,6 +70,9 @@ def layout() -> ArenaLayout:
 
 # Inline tensors share the frame limit with the rest of their message.
 MAX_INLINE = MAX_FRAME - (1 << 20)
+# Tensors of a message up to this size travel inside it: copying them through the socket
+# costs less than a block's bookkeeping on both sides (allocate, reclaim, a view's owner).
+SMALL = 16 << 10
 
 
 def _align(n: int) -> int:
@@ -220,32 +224,35 @@ class ArenaWriter:
 
     # -- packing -------------------------------------------------------------
     def pack(self, tensors: Sequence[CoreTensor]) -> Packed:
-        """Copy ``tensors`` into one block (inline bytes when no block fits)."""
+        """Copy ``tensors`` into one block; small ones, or any when no block fits, travel
+        inline."""
         if not tensors:
             return EMPTY
-        sources: list[Any] = []
-        descs: list[TensorDesc] = []
+        sources = [_source(tensor) for tensor in tensors]
         total = 0
-        for tensor in tensors:
-            data = _source(tensor)
-            nbytes = data.nbytes if isinstance(data, np.ndarray) else len(data)
-            descs.append(TensorDesc(tensor.name, tensor.datatype.code, tuple(tensor.shape),
-                                    total, nbytes))
-            sources.append(data)
-            total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
-        offset = self.allocate(total)
+        for data in sources:
+            total += (data.nbytes + ALIGN - 1) & ~(ALIGN - 1)
+        offset = self.allocate(total) if total > SMALL else -1
         if offset < 0:
             if total > MAX_INLINE:
                 raise TritiumError(ErrorCode.UNAVAILABLE, (
                     f"tensors of {total} bytes fit neither the instance's arena nor a frame"))
-            return Packed(-1, descs, b"".join(_padded(sources, descs)))
+            return Packed(-1, [
+                TensorDesc(tensor.name, tensor.datatype.code, tuple(tensor.shape), 0,
+                           data.nbytes, data.data)
+                for tensor, data in zip(tensors, sources, strict=True)])
         mm = self._mm
+        descs: list[TensorDesc] = []
+        at = 0
         base = offset + HEADER
-        for desc, data in zip(descs, sources, strict=True):
-            if desc.nbytes:
-                start = base + desc.at
-                mm[start:start + desc.nbytes] = data  # the one copy (a memcpy)
-        return Packed(offset, descs, None)
+        for tensor, data in zip(tensors, sources, strict=True):
+            nbytes = data.nbytes
+            if nbytes:
+                mm[base + at:base + at + nbytes] = data.data  # the one copy (a memcpy)
+            descs.append(TensorDesc(tensor.name, tensor.datatype.code, tuple(tensor.shape),
+                                    at, nbytes))
+            at += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
+        return Packed(offset, descs)
 
     def pack_buffers(self, buffers: Sequence[Any]) -> Packed:
         """Plain byte buffers (memoryviews, bytes) packed as UINT8 tensors."""
@@ -265,20 +272,12 @@ class InlineWriter(ArenaWriter):
         return -1
 
 
-def _source(tensor: CoreTensor) -> Any:
-    """What is copied: the C-contiguous array itself, or BYTES serialized."""
-    if tensor.datatype is DataType.BYTES:
-        return serialize_bytes(tensor.data)
+def _source(tensor: CoreTensor) -> np.ndarray:
+    """What is copied: the C-contiguous array itself, or BYTES serialized (as bytes)."""
     data = tensor.data
+    if tensor.datatype is DataType.BYTES:
+        return np.frombuffer(serialize_bytes(data), dtype=np.uint8)
     return data if data.flags.c_contiguous else np.ascontiguousarray(data)
-
-
-def _padded(sources: list[Any], descs: list[TensorDesc]) -> list[bytes]:
-    parts = []
-    for data, desc in zip(sources, descs, strict=True):
-        raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
-        parts.append(raw + b"\0" * (_align(desc.nbytes) - desc.nbytes))
-    return parts
 
 
 class ArenaReader:
@@ -305,36 +304,39 @@ class ArenaReader:
         descs = packed.tensors
         if not descs:
             return []
-        if packed.inline is not None:
-            flat = np.frombuffer(bytearray(packed.inline), dtype=np.uint8)
-        else:
-            end = max(desc.at + desc.nbytes for desc in descs)
-            flat = self.block(packed.offset, end)
+        if packed.offset < 0:
+            return [_tensor(_inline(desc), desc) for desc in descs]
+        end = max(desc.at + desc.nbytes for desc in descs)
+        flat = self.block(packed.offset, end)
         return [_tensor(flat, desc) for desc in descs]
 
     def unpack_buffers(self, packed: Packed) -> list[memoryview]:
         return [tensor.data.data for tensor in self.unpack(packed)]
 
 
+def _inline(desc: TensorDesc) -> np.ndarray:
+    if desc.data is None:
+        raise FrameError(f"tensor '{desc.name}' is neither in a block nor inline")
+    return np.frombuffer(desc.data, dtype=np.uint8)
+
+
 def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
+    # The codec checked that no dimension, place or size is negative.
     name, shape, at, nbytes = desc.name, desc.shape, desc.at, desc.nbytes
     datatype = _BY_CODE.get(desc.datatype)
-    count = 1
-    for dim in shape:
-        if dim < 0:
-            raise FrameError(f"tensor '{name}' has a negative dimension")
-        count *= dim
-    fixed = datatype is not DataType.BYTES
-    if (datatype is None or at < 0 or nbytes < 0 or at + nbytes > len(flat)
-            or (fixed and count * datatype.itemsize != nbytes)
-            or (not fixed and count * 4 > nbytes)):  # each element has a 4-byte length
+    count = math.prod(shape)
+    if datatype is None or at + nbytes > len(flat):
         raise FrameError(f"tensor '{name}' does not fit its block")
     if datatype is DataType.BYTES:
-        raw = flat[at:at + nbytes]
+        if count * 4 > nbytes:  # each element has a 4-byte length
+            raise FrameError(f"tensor '{name}' does not fit its block")
         try:
-            data = bytes_from_binary(raw.data, count, f"for tensor '{name}'").reshape(shape)
+            data = bytes_from_binary(flat[at:at + nbytes].data, count,
+                                     f"for tensor '{name}'").reshape(shape)
         except (TritiumError, ValueError) as exc:
             raise FrameError(str(exc)) from None
+    elif count * datatype.itemsize != nbytes:
+        raise FrameError(f"tensor '{name}' does not fit its block")
     elif nbytes:
         data = np.ndarray(shape, datatype.numpy, flat, at)  # a view: its base keeps the block
     else:
