@@ -125,15 +125,16 @@ class ParentChannel:
             self.close()
             self._on_eof()
             return
-        self._frames.feed(self._view[:count])
         self._paused = False
-        self._drain()
+        self._drain(self._view[:count])
 
-    def _drain(self) -> None:
+    def _drain(self, received: memoryview | None = None) -> None:
+        """Handle a turn's frames: of what was just ``received``, or of what waits."""
         if self.closed:
             return
         try:
-            bodies = self._frames.bodies(FRAMES_PER_TURN)
+            bodies = (self._frames.bodies(FRAMES_PER_TURN) if received is None
+                      else self._frames.take(received, FRAMES_PER_TURN))
             for body in bodies:
                 self._on_message(decode(body))
                 if self.closed:
@@ -311,10 +312,15 @@ class ChildLink:
         self._sock = sock
         sock.setblocking(True)
         self._send_lock = threading.Lock()
-        self.condition = threading.Condition()
+        # The condition's own lock, taken directly where nothing waits (a C call, not the
+        # condition's Python methods); readers notify only when a thread waits.
+        self._lock = threading.Lock()
+        self.condition = threading.Condition(self._lock)
+        self._waiting = 0
         self._reading = False
         self._frames = FrameReader()
         self._buffer = bytearray(_READ_SIZE)
+        self._view = memoryview(self._buffer)
         self._calls: dict[int, Any] = {}  # Call, or a fork's relayed call
         self._next_call = 0
         self.closed = False
@@ -371,18 +377,22 @@ class ChildLink:
         self._sock.close()
 
     # -- receiving -----------------------------------------------------------
-    def wait_until(self, ready: Callable[[], bool]) -> None:
+    def wait_until(self, ready: Callable[[], object]) -> None:
         """Block until ``ready()`` (checked under ``condition``), reading frames meanwhile
         if no other thread is; raises EOFError once the server is gone."""
         while True:
-            with self.condition:
+            with self._lock:
                 while not ready():
                     if self.closed:
                         raise EOFError("the server closed the channel")
                     if not self._reading:
                         self._reading = True
                         break
-                    self.condition.wait()
+                    self._waiting += 1
+                    try:
+                        self.condition.wait()
+                    finally:
+                        self._waiting -= 1
                 else:
                     return
             self._read_once()
@@ -413,18 +423,18 @@ class ChildLink:
             count = 0
         messages: list[Any] = []
         if count:
-            self._frames.feed(memoryview(self._buffer)[:count])
             # The server is trusted as far as the child goes: a frame it cannot read ends
             # the child's link as end of file would.
             try:
-                messages = [decode(body) for body in self._frames.bodies(1 << 30)]
+                messages = [decode(body) for body in self._frames.take(self._view[:count],
+                                                                        1 << 30)]
             except FrameError:
                 count = 0
         if not count:
             messages = [msg.GONE]
         # Dispatched under the condition (``on_frame`` only queues), so that a thread woken
         # by notify_all finds what it waits for instead of blocking in recv.
-        with self.condition:
+        with self._lock:
             self._reading = False
             if not count:
                 self.closed = True
@@ -437,7 +447,8 @@ class ChildLink:
                     self._reply(message)
                 else:
                     self.on_frame(message)
-            self.condition.notify_all()
+            if self._waiting:
+                self.condition.notify_all()
 
     def _reply(self, message: msg.Reply | msg.ReplyError) -> None:
         call = self._calls.get(message.call_id)

@@ -95,6 +95,16 @@ class FrameReader:
             self._at = 0
         self._pending += data
 
+    def take(self, data: memoryview, limit: int) -> list[bytearray]:
+        """``feed`` then ``bodies``; a read that is exactly one frame (the usual one, one
+        request at a time) is cut without buffering it first."""
+        if not self._pending and len(data) > LENGTH.size:
+            (length,) = LENGTH.unpack_from(data)
+            if length + LENGTH.size == len(data) and length <= MAX_FRAME:
+                return [bytearray(data[LENGTH.size:])]
+        self.feed(data)
+        return self.bodies(limit)
+
     def bodies(self, limit: int) -> list[bytearray]:
         """Up to ``limit`` complete frame bodies, in order: each a copy of its own, writable
         (tensors that travel inline are views of it, and a model may write its inputs)."""

@@ -38,6 +38,7 @@ from tritium.core.tracing import (
     record,
     traces_of,
 )
+from tritium.core.types import Tensor
 from tritium.execution import placement as placement_module
 from tritium.execution.backend import InstanceInfo
 from tritium.execution.instance import end_unstarted, settle
@@ -162,41 +163,50 @@ class ProcessInstance:
         await asyncio.shield(self._ready)
 
     def submit(self, batch: list[AdmittedRequest]) -> None:
-        live: list[AdmittedRequest] = []
-        for request in batch:
-            if request.cancellation.is_cancelled():
-                end_unstarted(request)
-            elif len(self._pending) + len(live) >= self._flags.slots:
-                self._fail([request], TritiumError(ErrorCode.UNAVAILABLE, (
-                    f"instance {self.name} holds {self._flags.slots} requests already")))
-            else:
-                live.append(request)
-        if not live or self._dead or self._channel is None:
-            self._fail(live, self.crash_error())
+        if self._dead or self._channel is None:
+            for request in batch:
+                if request.cancellation.reason is not None:
+                    end_unstarted(request)
+                else:
+                    self._fail([request], self.crash_error())
             self._loop.call_soon(self._on_done, self, batch, -1, [])
             return
         assert self._writer is not None
-        descs, tensors, slots = [], [], []
+        descs: list[msg.RequestDesc] = []
+        tensors: list[Tensor] = []
+        slots: list[int] = []
         traced = False
-        for request in live:
-            slot = self._flags.acquire(request.cancellation)
-            self._pending[slot] = _Pending(request)
+        pending, flags = self._pending, self._flags
+        for request in batch:  # one pass: every request of a small batch crosses
+            if request.cancellation.reason is not None:
+                end_unstarted(request)
+                continue
+            slot = flags.acquire(request.cancellation)
+            if slot < 0:
+                self._fail([request], TritiumError(ErrorCode.UNAVAILABLE, (
+                    f"instance {self.name} holds {flags.slots} requests already")))
+                continue
+            pending[slot] = _Pending(request)
             slots.append(slot)
             core = request.request
-            inputs = list(core.inputs.values())
+            inputs = core.inputs.values()
             tensors.extend(inputs)
             trace = core.trace
-            traced = traced or trace is not None
+            if trace is not None:
+                traced = True
+            # Encoded at once (``send``): the request's own parameters need no copy.
             descs.append(msg.RequestDesc(
                 slot, core.id, core.correlation_id, core.flags, core.timeout_us,
-                dict(core.parameters), core.requested_output_names(), core.model_name,
+                core.parameters, core.requested_output_names(), core.model_name,
                 len(inputs), None if trace is None else trace.context() or ""))
         try:
             packed = self._writer.pack(tensors)
         except TritiumError as exc:  # too large for the arena and for a frame
             for slot in slots:
+                self._fail([pending[slot].request], exc)
                 self._release(slot)
-            self._fail(live, exc)
+            slots.clear()
+        if not slots:
             self._loop.call_soon(self._on_done, self, batch, -1, [])
             return
         batch_id = next(_batch_ids)

@@ -157,9 +157,10 @@ class InstanceServer:
         self._link.on_frame = self._inbox.append
         inbox = self._inbox
         self._placement.settle()
+        waiting = inbox.__len__  # a C call: the loop's check costs no Python frame
         while True:
             try:
-                self._link.wait_until(lambda: bool(inbox))
+                self._link.wait_until(waiting)
             except EOFError:
                 self._server_gone()
             message = inbox.popleft()
