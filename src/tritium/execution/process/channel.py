@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tritium.core.cancellation import Cancellation
 from tritium.execution.process import messages as msg
 from tritium.execution.process.calls import CallReply
-from tritium.execution.process.codec import FrameError, FrameReader, decode, encode
+from tritium.execution.process.codec import FrameError, FrameReader, decode, decode_all, encode
 from tritium.execution.process.messages import EMPTY, Packed
 from tritium.execution.process.shm import ArenaReader, ArenaWriter
 
@@ -39,6 +39,7 @@ FDS_ENV = "TRITIUM_PROCESS_FDS"  # the child's descriptors: socket, arena in, ar
 _READ_SIZE = 1 << 18
 FRAMES_PER_TURN = 64
 FLOOD_S = float(os.environ.get("TRITIUM_PROCESS_FLOOD_SECS", 10.0))
+_REPLIES = (msg.Reply, msg.ReplyError)
 
 
 # -- the server's end --------------------------------------------------------------
@@ -380,21 +381,21 @@ class ChildLink:
     def wait_until(self, ready: Callable[[], object]) -> None:
         """Block until ``ready()`` (checked under ``condition``), reading frames meanwhile
         if no other thread is; raises EOFError once the server is gone."""
+        lock = self._lock
         while True:
-            with self._lock:
-                while not ready():
-                    if self.closed:
-                        raise EOFError("the server closed the channel")
-                    if not self._reading:
-                        self._reading = True
-                        break
+            with lock:
+                if ready():
+                    return
+                if self.closed:
+                    raise EOFError("the server closed the channel")
+                if self._reading:  # another thread reads: it notifies when it dispatched
                     self._waiting += 1
                     try:
                         self.condition.wait()
                     finally:
                         self._waiting -= 1
-                else:
-                    return
+                    continue
+                self._reading = True
             self._read_once()
 
     def ensure_reading(self, ready: Callable[[], bool]) -> None:
@@ -426,8 +427,7 @@ class ChildLink:
             # The server is trusted as far as the child goes: a frame it cannot read ends
             # the child's link as end of file would.
             try:
-                messages = [decode(body) for body in self._frames.take(self._view[:count],
-                                                                        1 << 30)]
+                messages = decode_all(self._frames.take(self._view[:count], 1 << 30))
             except FrameError:
                 count = 0
         if not count:
@@ -443,7 +443,7 @@ class ChildLink:
                         call._deliver(EOFError("the server closed the channel"))
                 self._calls.clear()
             for message in messages:
-                if type(message) in (msg.Reply, msg.ReplyError):
+                if type(message) in _REPLIES:
                     self._reply(message)
                 else:
                     self.on_frame(message)

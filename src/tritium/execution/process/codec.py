@@ -32,6 +32,8 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
     Union[ON_THE_WIRE])  # noqa: UP007
 _plain = msgspec.msgpack.Decoder()
+_decode = _decoder.decode
+_HEAD = LENGTH.size
 
 
 def encode(message: Any) -> bytearray:
@@ -50,7 +52,15 @@ def decode(body: bytes | bytearray | memoryview) -> Any:
     """The message one frame's body holds; ``FrameError`` if it holds anything else."""
     try:
         # The frame's length was checked against MAX_FRAME before it was buffered.
-        return _decoder.decode(body)
+        return _decode(body)
+    except msgspec.MsgspecError as exc:
+        raise FrameError(f"not a message: {exc}") from None
+
+
+def decode_all(bodies: list[bytearray]) -> list[Any]:
+    """The messages of several frame bodies, in order (``decode`` for each)."""
+    try:
+        return list(map(_decode, bodies))  # no Python frame per body
     except msgspec.MsgspecError as exc:
         raise FrameError(f"not a message: {exc}") from None
 
@@ -98,10 +108,10 @@ class FrameReader:
     def take(self, data: memoryview, limit: int) -> list[bytearray]:
         """``feed`` then ``bodies``; a read that is exactly one frame (the usual one, one
         request at a time) is cut without buffering it first."""
-        if not self._pending and len(data) > LENGTH.size:
+        if not self._pending and len(data) > _HEAD:
             (length,) = LENGTH.unpack_from(data)
-            if length + LENGTH.size == len(data) and length <= MAX_FRAME:
-                return [bytearray(data[LENGTH.size:])]
+            if length + _HEAD == len(data) and length <= MAX_FRAME:
+                return [bytearray(data[_HEAD:])]
         self.feed(data)
         return self.bodies(limit)
 

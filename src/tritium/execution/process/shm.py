@@ -224,33 +224,36 @@ class ArenaWriter:
 
     # -- packing -------------------------------------------------------------
     def pack(self, tensors: Sequence[CoreTensor]) -> Packed:
-        """Copy ``tensors`` into one block; small ones, or any when no block fits, travel
-        inline."""
+        """``tensors`` inline when small; else copied into one block (inline after all
+        when no block fits)."""
         if not tensors:
             return EMPTY
-        sources = [_source(tensor) for tensor in tensors]
+        descs: list[TensorDesc] = []
+        sources: list[np.ndarray] = []
         total = 0
-        for data in sources:
-            total += (data.nbytes + ALIGN - 1) & ~(ALIGN - 1)
-        offset = self.allocate(total) if total > SMALL else -1
+        for tensor in tensors:
+            data = _source(tensor)
+            nbytes = data.nbytes
+            total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
+            sources.append(data)
+            descs.append(TensorDesc(tensor.name, tensor.datatype.code, tensor.shape, 0,
+                                    nbytes, data.data))
+        if total <= SMALL:
+            return Packed(-1, descs)
+        offset = self.allocate(total)
         if offset < 0:
             if total > MAX_INLINE:
                 raise TritiumError(ErrorCode.UNAVAILABLE, (
                     f"tensors of {total} bytes fit neither the instance's arena nor a frame"))
-            return Packed(-1, [
-                TensorDesc(tensor.name, tensor.datatype.code, tuple(tensor.shape), 0,
-                           data.nbytes, data.data)
-                for tensor, data in zip(tensors, sources, strict=True)])
+            return Packed(-1, descs)
         mm = self._mm
-        descs: list[TensorDesc] = []
         at = 0
         base = offset + HEADER
-        for tensor, data in zip(tensors, sources, strict=True):
-            nbytes = data.nbytes
+        for desc, data in zip(descs, sources, strict=True):
+            nbytes = desc.nbytes
             if nbytes:
                 mm[base + at:base + at + nbytes] = data.data  # the one copy (a memcpy)
-            descs.append(TensorDesc(tensor.name, tensor.datatype.code, tuple(tensor.shape),
-                                    at, nbytes))
+            desc.at, desc.data = at, None
             at += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
         return Packed(offset, descs)
 
@@ -305,7 +308,7 @@ class ArenaReader:
         if not descs:
             return []
         if packed.offset < 0:
-            return [_tensor(_inline(desc), desc) for desc in descs]
+            return [_inline(desc) for desc in descs]
         end = max(desc.at + desc.nbytes for desc in descs)
         flat = self.block(packed.offset, end)
         return [_tensor(flat, desc) for desc in descs]
@@ -314,10 +317,17 @@ class ArenaReader:
         return [tensor.data.data for tensor in self.unpack(packed)]
 
 
-def _inline(desc: TensorDesc) -> np.ndarray:
-    if desc.data is None:
+def _inline(desc: TensorDesc) -> CoreTensor:
+    """A tensor that came inside its message: an array viewing the frame's bytes."""
+    data, shape, nbytes = desc.data, desc.shape, desc.nbytes
+    if data is None:
         raise FrameError(f"tensor '{desc.name}' is neither in a block nor inline")
-    return np.frombuffer(desc.data, dtype=np.uint8)
+    datatype = _BY_CODE.get(desc.datatype)
+    if (datatype is None or datatype is DataType.BYTES or not nbytes
+            or nbytes != len(data) or math.prod(shape) * datatype.itemsize != nbytes):
+        return _tensor(np.frombuffer(data, dtype=np.uint8), desc)  # checked on the way
+    return CoreTensor(desc.name, datatype, shape,
+                      np.frombuffer(data, dtype=datatype.numpy).reshape(shape))
 
 
 def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:

@@ -131,13 +131,26 @@ class InstanceServer:
                                 tensors=tensors)
 
     # -- batches -------------------------------------------------------------
-    def requests(self, execute: msg.Execute) -> list[ChildRequest]:
+    def _batch(self, execute: msg.Execute) -> _Batch:
+        """The batch ``execute`` names, less the requests cancelled while it waited here
+        (the server sends a batch before the previous one is done): a queued request
+        never reaches execute once its client has gone."""
         tensors = self._reader.unpack(execute.inputs)
         requests: list[ChildRequest] = []
+        unstarted: list[int] = []
+        cancellation_of = self._flags.cancellation
         at = 0
-        for desc in execute.requests:
-            inputs: dict[str, Tensor] = {t.name: t for t in tensors[at:at + desc.inputs]}
-            at += desc.inputs
+        for desc in execute.requests:  # one pass: every request of a small batch crosses
+            slot, count = desc.slot, desc.inputs
+            cancellation = cancellation_of(slot)
+            if cancellation.is_cancelled():
+                unstarted.append(slot)
+                at += count
+                continue
+            inputs: dict[str, Tensor] = {}
+            for tensor in tensors[at:at + count]:
+                inputs[tensor.name] = tensor
+            at += count
             outputs = desc.outputs
             core = InferenceRequest(
                 model_name=desc.model_name, inputs=inputs, id=desc.id,
@@ -146,11 +159,9 @@ class InstanceServer:
                 else [RequestedOutput(name) for name in outputs],
                 correlation_id=desc.correlation_id, flags=desc.flags,
                 timeout_us=desc.timeout_us,
-                trace=None if desc.trace is None else TraceRef(desc.trace, desc.slot))
-            cancellation = self._flags.cancellation(desc.slot)
-            requests.append(ChildRequest(core, cancellation,
-                                         ChildStream(self, desc.slot), desc.slot))
-        return requests
+                trace=None if desc.trace is None else TraceRef(desc.trace, slot))
+            requests.append(ChildRequest(core, cancellation, ChildStream(self, slot), slot))
+        return _Batch(execute.batch_id, requests, unstarted)
 
     def serve(self) -> None:
         """Synchronous models: this thread reads the socket between batches."""
@@ -159,10 +170,11 @@ class InstanceServer:
         self._placement.settle()
         waiting = inbox.__len__  # a C call: the loop's check costs no Python frame
         while True:
-            try:
-                self._link.wait_until(waiting)
-            except EOFError:
-                self._server_gone()
+            if not inbox:
+                try:
+                    self._link.wait_until(waiting)
+                except EOFError:
+                    self._server_gone()
             message = inbox.popleft()
             if type(message) is msg.Execute:
                 batch = self._batch(message)
@@ -171,19 +183,6 @@ class InstanceServer:
                 return
             elif message is msg.GONE:
                 self._server_gone()
-
-    def _batch(self, execute: msg.Execute) -> _Batch:
-        """The batch ``execute`` names, less the requests cancelled while it waited here
-        (the server sends a batch before the previous one is done): a queued request
-        never reaches execute once its client has gone."""
-        requests = self.requests(execute)
-        unstarted: list[int] = []
-        for request in requests:
-            if request.cancellation.is_cancelled():
-                unstarted.append(request.slot)
-        if unstarted:
-            requests = [r for r in requests if r.slot not in unstarted]
-        return _Batch(execute.batch_id, requests, unstarted)
 
     def _batch_done(self, batch: _Batch, elapsed: int, woken: object) -> None:
         # What execute delivered after the model's own sends leaves with DONE, one frame.
