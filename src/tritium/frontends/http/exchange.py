@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import operator
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -68,8 +69,9 @@ def encode_error(status: int, message: str) -> bytes:
     return encode_head(status, _JSON, f"Content-Length: {len(body)}\r\n{_CLOSE}") + body
 
 
-def _nbytes(part: BodyPart) -> int:
-    return part.nbytes if isinstance(part, memoryview) else len(part)
+# A part's size in bytes (a typed memoryview's len() counts items): the ``nbytes`` of a
+# view of it, whatever it is, so that summing the parts runs no Python frame per part.
+_NBYTES = operator.attrgetter("nbytes")
 
 
 # Statuses whose responses have no body, whatever their Content-Length says.
@@ -125,7 +127,7 @@ class HttpExchange:
             parts = [body]
         else:
             parts = body if isinstance(body, list) else [body]
-            size = sum(map(_nbytes, parts))
+            size = sum(map(_NBYTES, map(memoryview, parts)))
         head = encode_head(status, headers, f"Content-Length: {size}\r\n{connection}")
         if status in _BODYLESS or request.method == "HEAD":
             size = 0  # no body on the wire, whatever Content-Length says
