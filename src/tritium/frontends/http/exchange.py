@@ -75,6 +75,7 @@ def encode_error(status: int, message: str) -> bytes:
 # A part's size in bytes (a typed memoryview's len() counts items): the ``nbytes`` of a
 # view of it, whatever it is, so that summing the parts runs no Python frame per part.
 _NBYTES = operator.attrgetter("nbytes")
+_view: Callable[[BodyPart], memoryview] = memoryview
 
 
 # Statuses whose responses have no body, whatever their Content-Length says.
@@ -130,7 +131,7 @@ class HttpExchange:
             parts = [body]
         else:
             parts = body if isinstance(body, list) else [body]
-            size = sum(map(_NBYTES, map(memoryview, parts)))
+            size = sum(map(_NBYTES, map(_view, parts)))
         head = encode_head(status, headers, f"Content-Length: {size}\r\n{connection}")
         if status in _BODYLESS or request.method == "HEAD":
             size = 0  # no body on the wire, whatever Content-Length says
