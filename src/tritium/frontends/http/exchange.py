@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import operator
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -58,12 +57,9 @@ class _Progress(enum.Enum):
 def encode_head(status: int, headers: list[tuple[str, str]], tail: str) -> bytes:
     """Status line, the app's headers, the transport's own (``tail``), then the blank line."""
     head = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n"
-    return f"{head}{''.join(map(_header_line, headers))}{tail}\r\n".encode("latin-1")
-
-
-# "Name: value\r\n" of a (name, value) pair; mapped over a response's headers, it writes
-# them without a Python loop step per header.
-_header_line = "{0[0]}: {0[1]}\r\n".format
+    for name, value in headers:
+        head += f"{name}: {value}\r\n"
+    return f"{head}{tail}\r\n".encode("latin-1")
 
 
 def encode_error(status: int, message: str) -> bytes:
@@ -72,10 +68,8 @@ def encode_error(status: int, message: str) -> bytes:
     return encode_head(status, _JSON, f"Content-Length: {len(body)}\r\n{_CLOSE}") + body
 
 
-# A part's size in bytes (a typed memoryview's len() counts items): the ``nbytes`` of a
-# view of it, whatever it is, so that summing the parts runs no Python frame per part.
-_NBYTES = operator.attrgetter("nbytes")
-_view: Callable[[BodyPart], memoryview] = memoryview
+def _nbytes(part: BodyPart) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
 # Statuses whose responses have no body, whatever their Content-Length says.
@@ -131,7 +125,7 @@ class HttpExchange:
             parts = [body]
         else:
             parts = body if isinstance(body, list) else [body]
-            size = sum(map(_NBYTES, map(_view, parts)))
+            size = sum(map(_nbytes, parts))
         head = encode_head(status, headers, f"Content-Length: {size}\r\n{connection}")
         if status in _BODYLESS or request.method == "HEAD":
             size = 0  # no body on the wire, whatever Content-Length says
