@@ -42,14 +42,10 @@ class ModelStatistics:
     """Cumulative figures for one model version, in Triton's terms."""
 
     inference_count: int = 0  # batch elements of successful requests
-    execution_count: int = 0  # execute() calls
     last_inference_ms: int = 0
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
-    compute_input: Duration = field(default_factory=Duration)
-    compute_infer: Duration = field(default_factory=Duration)
-    compute_output: Duration = field(default_factory=Duration)
     # Response cache: hits (lookup time) and stored misses (lookup and insert time).
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
@@ -57,7 +53,9 @@ class ModelStatistics:
     failures: Counter[str] = field(default_factory=Counter)
     # (reason, stage) -> count: tritium's own cancellation figures
     cancellations: Counter[tuple[str, str]] = field(default_factory=Counter)
-    # batch size -> Duration of compute_infer for that size
+    # batch size -> Duration of compute_infer for that size: what execute() calls are
+    # recorded in, once each; the totals (``execution_count``, ``compute_*``) are summed
+    # from it when read, which is rare next to recording.
     batches: dict[int, Duration] = field(default_factory=dict)
     # cancel requested -> work stopped (execute() returned, or FINAL for decoupled models)
     cancel_stop: Duration = field(default_factory=Duration)
@@ -76,23 +74,39 @@ class ModelStatistics:
 
     def record_execution(self, batch_size: int, requests: int, compute_ns: int) -> None:
         """One execute() call over ``requests`` requests holding ``batch_size`` batch
-        elements, its compute taking ``compute_ns``. Input and output handling happen inside
-        execute(), so they count (clients such as perf_analyzer expect equal counts) as 0 ns.
-        """
-        # Once per execute() on the event loop: the Duration updates are written out here
-        # rather than as five ``Duration.add`` calls.
-        self.execution_count += 1
-        self.compute_input.count += 1
-        infer = self.compute_infer
-        infer.count += 1
-        infer.ns += compute_ns
-        self.compute_output.count += 1
+        elements, its compute taking ``compute_ns``."""
         timing = self.batches.get(batch_size)
         if timing is None:
             timing = self.batches[batch_size] = Duration()
         timing.count += 1
         timing.ns += compute_ns
         self.batch_requests[requests] += 1
+
+    @property
+    def compute_infer(self) -> Duration:
+        """Every execute() call and its compute time."""
+        total = Duration()
+        # A list first: a reader on another thread may find a batch size being added.
+        for timing in list(self.batches.values()):
+            total.count += timing.count
+            total.ns += timing.ns
+        return total
+
+    @property
+    def execution_count(self) -> int:
+        """execute() calls."""
+        return sum(timing.count for timing in list(self.batches.values()))
+
+    @property
+    def compute_input(self) -> Duration:
+        """Input handling happens inside execute(), so it counts once per call (clients
+        such as perf_analyzer expect equal counts) as 0 ns; so does output handling."""
+        return Duration(self.execution_count)
+
+    @property
+    def compute_output(self) -> Duration:
+        """See ``compute_input``."""
+        return Duration(self.execution_count)
 
     def record_cancel(self, request_id: str, reason: str, stage: str,
                       cancelled_at_ns: int) -> None:

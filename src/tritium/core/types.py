@@ -38,6 +38,10 @@ class DataType(enum.Enum):
         self.itemsize = itemsize
         self.code = code
 
+    # Members are singletons: identity hashes in C, where Enum's own hash runs Python for
+    # every lookup keyed by a data type (one per input of every gRPC request).
+    __hash__ = object.__hash__
+
     if TYPE_CHECKING:
         @staticmethod
         def from_wire(name: str) -> DataType | None:

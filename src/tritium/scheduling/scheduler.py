@@ -168,9 +168,13 @@ class ModelScheduler:
             self._check_room(request)
         if (self._straight and self._idle and not self._queue.size
                 and request.cancellation.reason is None):
-            request.move_to(_QUEUED)  # through the queue's stage, as every request goes
-            self.stats.pending += 1
-            self._start([request], self._idle.pop())
+            instance = self._idle.pop()
+            if self._held:  # a deep instance may make it wait there: the general way
+                request.move_to(_QUEUED)
+                self.stats.pending += 1
+                self._start([request], instance)
+            else:
+                self._begin_lone(request, instance)
             return
         self._queue.push(request)
         self.stats.pending += 1
@@ -311,6 +315,22 @@ class ModelScheduler:
         queued.count += count
         stats.pending -= count
         stats.executing += count
+
+    def _begin_lone(self, request: AdmittedRequest, instance: Instance) -> None:
+        """``_start`` and ``_begin`` for the usual request, alone and at once at an instance
+        that runs one batch at a time: it enters and leaves the queue's counts in the same
+        step, so they are not touched."""
+        request.move_to(_QUEUED)  # through the queue's stage, as every request goes
+        request.move_to(_EXECUTING)
+        stats = self.stats
+        queued = stats.queue
+        queued.count += 1
+        queued.ns += self._clock.now_ns() - request.arrival_ns
+        stats.executing += 1
+        batch = [request]
+        if self._ordered is not None:
+            self._ordered.dispatched(batch)
+        instance.submit(batch)
 
     def _waits_at_instance(self, request: AdmittedRequest) -> bool:
         return any(request in batch for batches in self._waiting.values()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -61,6 +61,10 @@ class HttpOutputOptions:
     binary_data_output: bool = False  # default for outputs the request did not list
     # Outputs to write into shared memory regions instead of the response, by name.
     shm_outputs: dict[str, Slice] | None = None
+    # The outputs the request lists, by name, with their parameters (None: it lists none):
+    # gathered as they are decoded, so that encoding the response need not gather them.
+    # Not compared: it repeats the request's ``requested_outputs``.
+    listed: dict[str, dict[str, ParamValue]] | None = field(default=None, compare=False)
 
 
 _JSON_OUTPUTS = HttpOutputOptions(binary_data_output=False)
@@ -246,8 +250,13 @@ def _decode_outputs(doc: dict[str, Any], options: HttpOutputOptions,
     items = doc["outputs"]
     if type(items) is not list:
         raise invalid(messages.JSON_NOT_ARRAY.format(key="outputs"))
-    # An empty list asks for nothing in particular, which means every output.
-    return [_decode_output(item, options, shared_memory) for item in items] or None
+    if not items:  # asks for nothing in particular, which means every output
+        return None
+    outputs = [_decode_output(item, options, shared_memory) for item in items]
+    listed = options.listed = {}
+    for output in outputs:
+        listed[output.name] = output.parameters
+    return outputs
 
 
 def _decode_output(item: Any, options: HttpOutputOptions,
@@ -325,7 +334,9 @@ def _encode(
     options = request.frontend_state
     if not isinstance(options, HttpOutputOptions):
         options = _JSON_OUTPUTS
-    listed = None if request.requested_outputs is None else _listed_outputs(request)
+    listed = options.listed
+    if listed is None and request.requested_outputs is not None:  # not decoded here
+        listed = _listed_outputs(request)
     served = response.served_by
     blobs: list[Part] = []
     spliced: _Spliced | None = None
