@@ -10,6 +10,9 @@ batch threads, see ``settle``), and
 model code (``initialize``, ``execute``, ``finalize``, and every thread it starts) runs on
 any core the process may use, so native thread pools (BLAS, torch) keep all of them.
 
+An instance process shares no GIL with the loop and is not placed so, but it waits for short
+batches that come one at a time on the home core too (process/parking.py).
+
 Linux only (``os.sched_setaffinity`` sets the calling thread's mask there); elsewhere, and on
 a single allowed core, placement does nothing.
 """
@@ -72,26 +75,26 @@ class ThreadPlacement:
         preempts the thread running there, which would only block at once on the GIL that
         thread holds (an idle wake-up wastes two context switches each way otherwise)."""
         if self._home:
-            _set(self._home)
+            set_affinity(self._home)
             _policy(_BATCH)
 
     def release(self) -> None:
         """Let the calling thread (about to run model code) use every allowed core, under
         the ordinary scheduling policy (threads model code starts inherit both)."""
         if self._home:
-            _set(self._everywhere)
+            set_affinity(self._everywhere)
             _policy(_NORMAL)
 
     def widen(self) -> None:
         """Let a settled thread use every allowed core while it runs model code (until
         ``narrow``); one system call, as the thread stays a batch thread."""
         if self._home:
-            _set(self._everywhere)
+            set_affinity(self._everywhere)
 
     def narrow(self) -> None:
         """Back to the home core after ``widen``."""
         if self._home:
-            _set(self._home)
+            set_affinity(self._home)
 
     def unrestricted_executor(self) -> ThreadPoolExecutor | None:
         """An executor whose threads run anywhere (they may import and run model code); None
@@ -120,7 +123,8 @@ def _policy(policy: int) -> None:
         log.debug("cannot set scheduling policy %d: %s", policy, exc)
 
 
-def _set(cores: frozenset[int]) -> None:
+def set_affinity(cores: frozenset[int]) -> None:
+    """Run the calling thread on ``cores`` (logged at debug level where that is refused)."""
     try:
         os.sched_setaffinity(0, cores)
     except OSError as exc:  # a cgroup may have taken cores away since startup

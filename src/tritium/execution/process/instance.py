@@ -159,7 +159,8 @@ class ProcessInstance:
         self._loop.create_task(self._watch(self._process))
         placement = placement_module.current()
         self._channel.send(msg.Init(self.info, DEFAULT_CAPACITY, arena.ring_bytes,
-                                    self._flags.slots, sorted(placement.everywhere)))
+                                    self._flags.slots, sorted(placement.everywhere),
+                                    placement.home))
         await asyncio.shield(self._ready)
 
     def submit(self, batch: list[AdmittedRequest]) -> None:

@@ -228,6 +228,7 @@ class Init(Part, tag=1):
     ring_bytes: int
     slots: int
     cores: list[int]  # where model code may run (empty: anywhere)
+    home: int | None = None  # the core of the server's event loop (None: not placed)
 
 
 class Execute(Part, tag=2):

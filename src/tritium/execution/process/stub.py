@@ -30,6 +30,7 @@ from tritium.execution.process import messages as msg
 from tritium.execution.process.channel import ChildLink
 from tritium.execution.process.flags import FlagView, SlotCancellation
 from tritium.execution.process.messages import ErrorBody
+from tritium.execution.process.parking import Parking
 from tritium.execution.process.shm import ArenaReader, ArenaWriter, Mapping
 from tritium.execution.process.wire import TraceRef
 from tritium.execution.runner import BatchRunner, run_model_loop
@@ -106,6 +107,7 @@ class InstanceServer:
         self._deferred: list[msg.ResponseBody] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._placement = current_placement()
+        self._parking = Parking(None, frozenset())  # see park
         self._runner: BatchRunner[_Batch] = BatchRunner(
             backend, getattr(backend, "model_name", "?"), self._batch_done, self._placement)
 
@@ -177,6 +179,8 @@ class InstanceServer:
                     self._server_gone()
             message = inbox.popleft()
             if type(message) is msg.Execute:
+                if inbox and self._parking.parked:
+                    self._parking.unpark()
                 batch = self._batch(message)
                 self._runner.run(batch, batch.requests)
             elif type(message) is msg.Stop:
@@ -184,7 +188,15 @@ class InstanceServer:
             elif message is msg.GONE:
                 self._server_gone()
 
+    def park(self, home: int | None) -> None:
+        """Wait for short batches that come one at a time on the loop's core ``home``
+        (parking.py); decoupled models and ``async def execute`` never do."""
+        if not (self._backend.decoupled or self._backend.is_async):
+            self._parking = Parking(home, self._placement.everywhere)
+
     def _batch_done(self, batch: _Batch, elapsed: int, woken: object) -> None:
+        if self._parking.active:
+            self._parking.batch_done(elapsed, bool(self._inbox))
         # What execute delivered after the model's own sends leaves with DONE, one frame.
         deferred, self._deferred = self._deferred, []
         self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests),
@@ -281,10 +293,10 @@ def main() -> int:
 
     config = json.loads(info.config_json)  # read as Declared.of reads a dict
     logger.forward_logs(link)
-    # Not placed on the loop's home core between batches, as an instance thread is: that
-    # rule exists because a thread shares the loop's GIL, which a process does not. A
-    # process parked there stays there when execute widens it (a running thread is not
-    # migrated at once), so two instances of one model ran on one core (0.97x of one).
+    # Not settled on the loop's home core as an instance thread is (that rule exists because
+    # a thread shares the loop's GIL, which a process does not): a process kept there stays
+    # there when execute widens it (a running thread is not migrated at once), so two
+    # instances of one model ran on one core (0.97x of one). It only parks there when idle.
     placement = ThreadPlacement(None, frozenset(init.cores))
     install_placement(placement)
     placement.release()
@@ -297,6 +309,7 @@ def main() -> int:
     if backend is None:
         return 0
     server = InstanceServer(link, backend, flags)
+    server.park(init.home)
     _release_free_heap()
     link.send(msg.Ready(backend.decoupled, backend.is_async, os.getpid()))
     if backend.is_async:
