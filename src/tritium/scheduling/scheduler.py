@@ -169,12 +169,15 @@ class ModelScheduler:
         if (self._straight and self._idle and not self._queue.size
                 and request.cancellation.reason is None):
             instance = self._idle.pop()
-            if self._held:  # a deep instance may make it wait there: the general way
-                request.move_to(_QUEUED)
-                self.stats.pending += 1
-                self._start([request], instance)
-            else:
-                self._begin_lone(request, instance)
+            held = self._held
+            if held and instance in held:
+                if held[instance]:  # a busy deep instance: it waits there
+                    request.move_to(_QUEUED)
+                    self.stats.pending += 1
+                    self._start([request], instance)
+                    return
+                held[instance] = 1  # an idle one begins it at once
+            self._begin_lone(request, instance)
             return
         self._queue.push(request)
         self.stats.pending += 1
@@ -317,9 +320,9 @@ class ModelScheduler:
         stats.executing += count
 
     def _begin_lone(self, request: AdmittedRequest, instance: Instance) -> None:
-        """``_start`` and ``_begin`` for the usual request, alone and at once at an instance
-        that runs one batch at a time: it enters and leaves the queue's counts in the same
-        step, so they are not touched."""
+        """``_start`` and ``_begin`` for the usual request, alone and at once at an idle
+        instance: it enters and leaves the queue's counts in the same step, so they are
+        not touched."""
         request.move_to(_QUEUED)  # through the queue's stage, as every request goes
         request.move_to(_EXECUTING)
         stats = self.stats
