@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 from tritium.core.cancellation import Cancellation
 from tritium.execution.process import messages as msg
 from tritium.execution.process.calls import CallReply
-from tritium.execution.process.codec import FrameError, FrameReader, decode, decode_all, encode
+from tritium.execution.process.codec import (
+    FrameError,
+    FrameReader,
+    decode_all,
+    encode,
+    encode_onto,
+)
 from tritium.execution.process.messages import EMPTY, Packed
 from tritium.execution.process.shm import ArenaReader, ArenaWriter
 
@@ -66,7 +72,7 @@ class ParentChannel:
         # for n this large, glibc maps and unmaps them: ~50 µs a call, measured).
         self._buffer = bytearray(_READ_SIZE)
         self._view = memoryview(self._buffer)
-        self._outgoing: list[bytes | bytearray] = []
+        self._outgoing = bytearray()  # frames sent in this loop iteration
         self._backlog = bytearray()  # what the socket did not take yet
         self._flush_pending = False
         self._writing = False
@@ -79,7 +85,7 @@ class ParentChannel:
     def send(self, message: Any) -> None:
         if self.closed:
             return
-        self._outgoing.append(encode(message))
+        encode_onto(message, self._outgoing)
         if not self._flush_pending:
             self._flush_pending = True
             self._loop.call_soon(self._flush)
@@ -88,8 +94,7 @@ class ParentChannel:
         self._flush_pending = False
         if self.closed or not self._outgoing:
             return
-        data = self._outgoing[0] if len(self._outgoing) == 1 else b"".join(self._outgoing)
-        self._outgoing.clear()
+        data, self._outgoing = self._outgoing, bytearray()
         if self._backlog:
             self._backlog += data
             return
@@ -136,8 +141,8 @@ class ParentChannel:
         try:
             bodies = (self._frames.bodies(FRAMES_PER_TURN) if received is None
                       else self._frames.take(received, FRAMES_PER_TURN))
-            for body in bodies:
-                self._on_message(decode(body))
+            for message in decode_all(bodies):
+                self._on_message(message)
                 if self.closed:
                     return
             # Fewer than a turn's frames: bodies() stopped at the first incomplete one.

@@ -38,14 +38,21 @@ _HEAD = LENGTH.size
 
 def encode(message: Any) -> bytearray:
     """One frame: the length, then ``[tag, *fields]``."""
-    frame = bytearray(LENGTH.size)
-    _encoder.encode_into(message, frame, LENGTH.size)
-    length = len(frame) - LENGTH.size
+    frame = bytearray()
+    encode_onto(message, frame)
+    return frame
+
+
+def encode_onto(message: Any, out: bytearray) -> None:
+    """Append ``message``'s frame to ``out`` (frames sent together are written in place)."""
+    start = len(out)
+    _encoder.encode_into(message, out, start + _HEAD)
+    length = len(out) - start - _HEAD
     if length > MAX_FRAME:
+        del out[start:]
         raise FrameError(f"a {type(message).__name__} frame of {length} bytes exceeds the "
                          f"limit of {MAX_FRAME}")
-    LENGTH.pack_into(frame, 0, length)
-    return frame
+    LENGTH.pack_into(out, start, length)
 
 
 def decode(body: bytes | bytearray | memoryview) -> Any:
