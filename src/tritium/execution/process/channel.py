@@ -401,7 +401,8 @@ class ChildLink:
                         self._waiting -= 1
                     continue
                 self._reading = True
-            self._read_once()
+            if self._read_once(ready):
+                return
 
     def ensure_reading(self, ready: Callable[[], bool]) -> None:
         """Make sure some thread reads until ``ready()``: one that waits for it and reads
@@ -422,7 +423,8 @@ class ChildLink:
         with contextlib.suppress(EOFError):
             self.wait_until(lambda: False)
 
-    def _read_once(self) -> None:
+    def _read_once(self, ready: Callable[[], object]) -> object:
+        """Read and dispatch what the server sent; whether ``ready()`` holds then."""
         try:
             count = self._sock.recv_into(self._buffer)
         except OSError:
@@ -454,6 +456,7 @@ class ChildLink:
                     self.on_frame(message)
             if self._waiting:
                 self.condition.notify_all()
+            return ready()
 
     def _reply(self, message: msg.Reply | msg.ReplyError) -> None:
         call = self._calls.get(message.call_id)

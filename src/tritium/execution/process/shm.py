@@ -232,12 +232,17 @@ class ArenaWriter:
         sources: list[np.ndarray] = []
         total = 0
         for tensor in tensors:
-            data = _source(tensor)
+            data = tensor.data
+            datatype = tensor.datatype
+            if datatype is DataType.BYTES:
+                data = np.frombuffer(serialize_bytes(data), dtype=np.uint8)
+            elif not data.flags.c_contiguous:
+                data = np.ascontiguousarray(data)
             nbytes = data.nbytes
             total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
             sources.append(data)
-            descs.append(TensorDesc(tensor.name, tensor.datatype.code, tensor.shape, 0,
-                                    nbytes, data.data))
+            descs.append(TensorDesc(tensor.name, datatype.code, tensor.shape, 0, nbytes,
+                                    data.data))
         if total <= SMALL:
             return Packed(-1, descs)
         offset = self.allocate(total)
@@ -273,14 +278,6 @@ class InlineWriter(ArenaWriter):
 
     def allocate(self, nbytes: int) -> int:
         return -1
-
-
-def _source(tensor: CoreTensor) -> np.ndarray:
-    """What is copied: the C-contiguous array itself, or BYTES serialized (as bytes)."""
-    data = tensor.data
-    if tensor.datatype is DataType.BYTES:
-        return np.frombuffer(serialize_bytes(data), dtype=np.uint8)
-    return data if data.flags.c_contiguous else np.ascontiguousarray(data)
 
 
 class ArenaReader:
@@ -319,15 +316,17 @@ class ArenaReader:
 
 def _inline(desc: TensorDesc) -> CoreTensor:
     """A tensor that came inside its message: an array viewing the frame's bytes."""
-    data, shape, nbytes = desc.data, desc.shape, desc.nbytes
-    if data is None:
-        raise FrameError(f"tensor '{desc.name}' is neither in a block nor inline")
+    data = desc.data
     datatype = _BY_CODE.get(desc.datatype)
-    if (datatype is None or datatype is DataType.BYTES or not nbytes
-            or nbytes != len(data) or math.prod(shape) * datatype.itemsize != nbytes):
+    if data is None or datatype is None or datatype is DataType.BYTES:
+        if data is None:
+            raise FrameError(f"tensor '{desc.name}' is neither in a block nor inline")
         return _tensor(np.frombuffer(data, dtype=np.uint8), desc)  # checked on the way
-    return CoreTensor(desc.name, datatype, shape,
-                      np.frombuffer(data, dtype=datatype.numpy).reshape(shape))
+    try:  # numpy checks the size: a whole number of items, as many as the shape holds
+        array = np.frombuffer(data, dtype=datatype.numpy).reshape(desc.shape)
+    except ValueError:
+        raise FrameError(f"tensor '{desc.name}' does not fit its block") from None
+    return CoreTensor(desc.name, datatype, desc.shape, array)
 
 
 def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
