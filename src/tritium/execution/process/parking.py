@@ -5,8 +5,9 @@ One request at a time, the server and the instance process take turns: each wake
 and sleeps. With the two on different cores every turn wakes a sleeping core, which on the
 virtual machines servers run on costs more than the turn's Python; on one core a turn is a
 plain switch (identity, one request at a time: 299 -> 265 µs of CPU per inference). So
-after a short batch with no other waiting, the process *parks* on the loop's core (the
-"home" core of thread placement, placement.py) and stays there while that holds.
+after ``PARK_AFTER`` short batches in a row that each found no other waiting, the process
+*parks* on the loop's core (the "home" core of thread placement, placement.py) and stays
+there while that holds.
 
 Model code runs on every allowed core otherwise, as in an instance thread, and parking
 never keeps it from them for long: a batch that ran ``SHORT_EXECUTE_NS`` or longer, or one
@@ -26,6 +27,9 @@ from tritium.execution.placement import set_affinity
 
 # Shorter than this, moving back and forth between batches would cost more than they run.
 SHORT_EXECUTE_NS = 200_000
+# Short batches that each found no other waiting, in a row, before the process parks: under
+# a light load batches alternate between alone and not, and moving at each would cost more.
+PARK_AFTER = 8
 
 
 class Parking:
@@ -34,6 +38,7 @@ class Parking:
         self._everywhere = everywhere
         self.parked = False
         self._threads = 0  # the process's Python threads when it parked
+        self._alone = 0  # short batches in a row that found no other waiting
 
     @property
     def active(self) -> bool:
@@ -48,14 +53,19 @@ class Parking:
                 self._stop()  # the model started a thread while parked
             elif elapsed_ns >= SHORT_EXECUTE_NS or waiting:
                 self.unpark()
-        elif self._home and elapsed_ns < SHORT_EXECUTE_NS and not waiting:
-            self.parked = True
-            self._threads = threading.active_count()
-            set_affinity(self._home)
+        elif elapsed_ns >= SHORT_EXECUTE_NS or waiting:
+            self._alone = 0
+        else:
+            self._alone += 1
+            if self._alone >= PARK_AFTER and self._home:
+                self.parked = True
+                self._threads = threading.active_count()
+                set_affinity(self._home)
 
     def unpark(self) -> None:
         """Back on every core (more batches wait: load, not turn-taking)."""
         self.parked = False
+        self._alone = 0
         set_affinity(self._everywhere)
 
     def _stop(self) -> None:
