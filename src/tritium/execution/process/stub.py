@@ -296,7 +296,8 @@ def main() -> int:
     # Not settled on the loop's home core as an instance thread is (that rule exists because
     # a thread shares the loop's GIL, which a process does not): a process kept there stays
     # there when execute widens it (a running thread is not migrated at once), so two
-    # instances of one model ran on one core (0.97x of one). It only parks there when idle.
+    # instances of one model ran on one core (0.97x of one). It parks there only while short
+    # batches come one at a time (parking.py).
     placement = ThreadPlacement(None, frozenset(init.cores))
     install_placement(placement)
     placement.release()
