@@ -101,6 +101,10 @@ class StreamClosedError(TritiumError):
 class ResponseStream:
     """Single-producer-at-a-time, single-consumer response channel across threads."""
 
+    # Responses wait here for the loop, holding the model's arrays: what model code sends
+    # while it goes on running must be a copy (python backend, sender.py).
+    keeps_arrays = True
+
     __slots__ = (
         "_cancellation",
         "_cancelled",

@@ -12,6 +12,7 @@ from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import InferenceResponse as CoreResponse
 from tritium.core.response import StreamClosedError
+from tritium.core.types import Tensor as CoreTensor
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
@@ -117,8 +118,20 @@ class InferenceResponseSender:
         stream = self._request.stream
         if response is None:
             stream.send_nowait(CoreResponse.final_flag())
-        else:
-            stream.send_nowait(to_core(response, self._wanted, final))
+            return
+        core = to_core(response, self._wanted, final)
+        if getattr(stream, "keeps_arrays", True):
+            # As Triton, which copies a sent response out at once: the model may write
+            # the same array again before the client is sent this one.
+            core.outputs = [_copied(tensor) for tensor in core.outputs]
+        stream.send_nowait(core)
+
+
+def _copied(tensor: CoreTensor) -> CoreTensor:
+    data = tensor.data
+    if not data.flags.writeable:  # nothing can change it: inputs, or arrays we copied
+        return tensor
+    return CoreTensor(tensor.name, tensor.datatype, tensor.shape, data.copy())
 
 
 def _check_arguments(response: InferenceResponse | None, flags: int) -> bool:

@@ -51,6 +51,7 @@ class ChildStream:
     """
 
     __slots__ = ("_server", "closed", "slot")
+    keeps_arrays = False  # a response is copied out (arena or frame) as it is sent
 
     def __init__(self, server: InstanceServer, slot: int):
         self._server = server
