@@ -143,14 +143,6 @@ class DirectSequenceScheduler(SequenceScheduler):
                           "batch-size 1 due to requirements of sequence batcher")
         super().enqueue(request)
 
-    def request_cancelled(self, request: AdmittedRequest) -> None:
-        super().request_cancelled(request)
-        self._dispatch()  # a backlogged sequence may have taken the released one's lane
-
-    def _reap(self) -> None:
-        super()._reap()
-        self._dispatch()
-
     # -- hooks of SequenceScheduler ----------------------------------------------
     def _arrived(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         lane = self._lane_of.get(sequence)
@@ -304,7 +296,7 @@ class DirectSequenceScheduler(SequenceScheduler):
             elif request.cancellation.reason is not None:
                 # Cancelled on another thread; its callback has not reached us yet. What
                 # it frees is dispatched from the loop, not from inside this batch.
-                SequenceScheduler.request_cancelled(self, request)
+                self._forget_cancelled(request)
                 self._window.arm(self._clock.now_ns())
             else:
                 return request

@@ -96,14 +96,6 @@ class OldestSequenceScheduler(SequenceScheduler):
         for slot in self._slots.values():
             self._run(self._as_batch_slot(slot))
 
-    def request_cancelled(self, request: AdmittedRequest) -> None:
-        super().request_cancelled(request)
-        self._dispatch()  # a backlogged sequence may have taken the released one's place
-
-    def _reap(self) -> None:
-        super()._reap()
-        self._dispatch()
-
     # -- hooks of SequenceScheduler ----------------------------------------------
     def _arrived(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         if not sequence.in_flight:

@@ -170,6 +170,11 @@ class SequenceScheduler(ModelScheduler):
         raise NotImplementedError
 
     def request_cancelled(self, request: AdmittedRequest) -> None:
+        self._forget_cancelled(request)
+        self._dispatch()  # a backlogged sequence may have taken the released one's place
+
+    def _forget_cancelled(self, request: AdmittedRequest) -> None:
+        """A cancelled request's bookkeeping, without dispatching what it frees."""
         sequence = self._queued.pop(request, None)
         if sequence is not None:
             self._unqueue(request, sequence)
@@ -254,11 +259,12 @@ class SequenceScheduler(ModelScheduler):
             sequence, since = next(iter(idle.items()))
             if since + self._idle_ns > now:
                 self._reaper.arm(since + self._idle_ns)
-                return
+                break
             self._release(sequence)
             log.info("sequence %s for model '%s' version %d released: no request for %d us",
                      sequence.correlation_id, self.model_name, self.version,
                      self._idle_ns // 1000)
+        self._dispatch()  # a backlogged sequence may take a released one's place
 
     # -- dispatch ----------------------------------------------------------------
     def _drop_ended(self, request: AdmittedRequest, sequence: _Sequence) -> None:
