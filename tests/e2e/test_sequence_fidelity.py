@@ -15,7 +15,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from tests.e2e import test_protocols
-from tests.e2e.observe import wait_for_metric
+from tests.e2e.observe import metric, wait_for_metric
 from tests.e2e.test_generate import sse_events, url
 from tests.e2e.test_protocols import Client
 from tests.e2e.test_sequences import new_sequence, step
@@ -240,3 +240,29 @@ def test_a_sequence_past_max_candidate_sequences_waits_for_one_to_end(
     got = [sorted(batch) for batch in oldest_batches(record_dir, names, model)]
     ran = {name: n for n, batch in enumerate(got) for name in batch}
     assert ran[f"{second}-1"] >= ran[f"{first}-2"] > ran[f"{first}-1"], got
+
+
+def test_a_backlogged_sequence_is_rejected_once_its_timeout_passes(
+        client: Client, server: TritiumProcess, record_dir: Path) -> None:
+    """Triton's sequence batcher (schedule-policy extension, "timeout"): a request's timeout
+    bounds how long its sequence waits in the backlog; past it the sequence is ended and its
+    requests are answered UNAVAILABLE, counted REJECTED. The sequence that holds the
+    instance is not bounded by it, and the ended one needs START again."""
+    model = "sequence_oldest_one"
+    first, second = new_sequence(), new_sequence()
+    failures = "nv_inference_request_failure"
+    rejected = metric(server.metrics_url, failures, model=model, reason="REJECTED")
+    oldest_step(client.protocol, server, first, f"{first}-1", start=True, model=model)
+    zeros = {"INPUT0": np.zeros((1, 1), np.float32)}
+    error = client.failure(lambda: client.infer(model, zeros, request_id=f"{second}-1",
+                                                sequence_id=second, sequence_start=True,
+                                                timeout=200_000))
+    assert error.status() == client.status("UNAVAILABLE")
+    assert "timeout of the corresponding sequence has been expired" in error.message()
+    wait_for_metric(server.metrics_url, failures, rejected + 1, model=model, reason="REJECTED")
+    error = client.failure(lambda: client.infer(model, zeros, sequence_id=second,
+                                                sequence_end=True))
+    assert "must specify the START flag" in error.message()
+    oldest_step(client.protocol, server, first, f"{first}-2", end=True, model=model)
+    got = oldest_batches(record_dir, {f"{first}-1", f"{first}-2", f"{second}-1"}, model)
+    assert got == [[f"{first}-1"], [f"{first}-2"]]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from tests.unit.admitted import admit
 from tests.unit.test_sequences import FakeInstance, finish, refused
 from tritium.core.cancellation import CancelReason
+from tritium.core.errors import ErrorCode
 from tritium.core.request import (
     RELEASE_RESCHEDULE,
     SEQUENCE_END,
@@ -221,3 +224,48 @@ def test_a_request_of_another_shape_waits_and_its_slot_is_padded() -> None:
     assert i0.batches[-1][0].request.inputs["IN"].shape == (1, 2)  # shaped as the first
     finish(scheduler, i0)
     assert lanes(i0.batches[-1]) == ["-", "-", "b"]
+
+
+
+def test_a_backlogged_sequence_past_its_timeout_is_rejected() -> None:
+    """Triton's sequence batcher: a sequence still in the backlog when the earliest timeout
+    of its requests passes is released, its requests answered UNAVAILABLE (REJECTED); a
+    sequence that has a lane is not bounded by it."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        scheduler, (i0,), clock = make(max_batch_size=1)
+
+        def timed(name: str, correlation_id: int, flags: int, timeout_us: int
+                  ) -> AdmittedRequest:
+            decoded = request(name, correlation_id, flags).request
+            decoded.timeout_us = timeout_us
+            return admit(decoded, arrival_ns=clock.now_ns(), loop=loop)
+
+        a1 = timed("a1", 1, START, 1000)
+        scheduler.enqueue(a1)
+        b1 = timed("b1", 2, START, 5000)
+        scheduler.enqueue(b1)
+        clock.advance(2_000_000)
+        b2 = timed("b2", 2, 0, 1000)  # the earlier deadline: 3 ms from the start
+        scheduler.enqueue(b2)
+        clock.advance(999_000)
+        assert not b1.stream.closed
+        clock.advance(1000)
+        for rejected in (b1, b2):
+            response = rejected.stream.final_response
+            assert response is not None and response.error is not None
+            assert response.error.code is ErrorCode.UNAVAILABLE
+            assert response.error.message == ("timeout of the corresponding sequence has "
+                                              "been expired")
+            scheduler.request_finished(rejected, response.error)  # as the service does
+        assert scheduler.stats.failures["REJECTED"] == 2 and scheduler.stats.pending == 0
+        assert not a1.stream.closed  # executing in its lane: the timeout bounds only waiting
+        assert "must specify the START flag" in refused(scheduler, request("b3", 2, END))
+        scheduler.enqueue(request("a2", 1, END))
+        for _ in range(2):
+            finish(scheduler, i0)
+        scheduler.enqueue(request("c1", 3, START | END))  # the lane is free, nothing waits
+        assert [lanes(b) for b in i0.batches] == [["a1"], ["a2"], ["c1"]]
+
+    asyncio.run(run())

@@ -68,8 +68,9 @@ class ModelScheduler:
         self._window = Alarm(self._clock, self._dispatch)
         self._deadlines = (Deadlines(self._clock, self._expire, self._dispatch)
                            if policy.has_timeouts() else None)
-        # Requests this scheduler cancelled for their queue timeout: counted REJECTED,
-        # not CANCELED, when they finish (which removes them from here).
+        # Requests this scheduler turned away after admission (a queue timeout, a sequence's
+        # backlog timeout): counted REJECTED, not CANCELED or BACKEND, when they finish
+        # (which removes them from here).
         self._rejected: set[AdmittedRequest] = set()
         self._ordered = OrderedDelivery() if policy.preserve_ordering else None
         # No batcher to wait for and no queue timeout to arm: a request that finds an
@@ -210,15 +211,14 @@ class ModelScheduler:
         if request.stage is not _DONE:
             request.move_to(_DONE)
         elapsed = self._clock.now_ns() - request.arrival_ns
-        if request.cancellation.reason is not None:
+        if request.cancellation.reason is not None or error is not None:
             if self._rejected and request in self._rejected:
                 self._rejected.discard(request)
                 stats.failures["REJECTED"] += 1
-            else:
+            elif request.cancellation.reason is not None:
                 stats.failures["CANCELED"] += 1
-            stats.fail.add(elapsed)
-        elif error is not None:
-            stats.failures["BACKEND"] += 1
+            else:
+                stats.failures["BACKEND"] += 1
             stats.fail.add(elapsed)
         else:
             success = stats.success  # once per request: Duration.add written out

@@ -106,7 +106,6 @@ class DirectSequenceScheduler(SequenceScheduler):
         self._delay_ns = direct.max_queue_delay_us * 1000 if self._utilization else 0
         self._lane_of: dict[_Sequence, _Lane] = {}
         self._backlog_slot = _LaneSlot(_Backlog(), 0)
-        self._backlog: dict[_Sequence, None] = {}  # oldest first
         self._added = ({control.name for control in self._controls}
                        | {state.input_name for state in self._states})
         self._padding_controls = [(control, _padding_value(control))

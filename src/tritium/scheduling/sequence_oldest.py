@@ -68,7 +68,6 @@ class OldestSequenceScheduler(SequenceScheduler):
             self._ordered = OrderedDelivery()
         # Sequences waiting for room on an instance, oldest first, bound to this slot.
         self._backlog_slot = _BatchSlot(_Backlog())
-        self._backlog: dict[_Sequence, None] = {}
         self._ending: dict[_Sequence, None] = {}  # see _BatchSlot.ending
 
     # -- instances ---------------------------------------------------------------

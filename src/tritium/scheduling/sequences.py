@@ -8,7 +8,9 @@ batched is the strategy's: ``sequence_direct`` (Triton's default) and ``sequence
 A sequence is released by its END request, by ``max_sequence_idle_microseconds`` without a
 request, or by the cancellation of one of its queued requests, which cancels its other
 queued requests too (the model never sees them). Once released, its correlation id needs a
-START again.
+START again. A sequence that waits in the backlog (no room for it yet) is also released
+once the earliest ``timeout`` of its requests passes there, as Triton's sequence batcher
+does: its queued requests are answered UNAVAILABLE and counted REJECTED.
 
 Iterative sequences (``iterative_sequence: true``), as Triton's IterativeSequencer: a request
 without a correlation id gets one of its own, with START; a request its model releases with
@@ -58,7 +60,8 @@ class _Slot:
 
 
 class _Sequence:
-    __slots__ = ("correlation_id", "in_flight", "outstanding", "released", "slot", "waiting")
+    __slots__ = ("correlation_id", "expires_ns", "in_flight", "outstanding", "released", "slot",
+                 "waiting")
 
     def __init__(self, correlation_id: CorrelationId, slot: _Slot):
         self.correlation_id = correlation_id
@@ -67,6 +70,7 @@ class _Sequence:
         self.outstanding = 0  # queued or executing
         self.released = False
         self.in_flight = False  # oldest strategy: a request issued to the batcher or running
+        self.expires_ns = 0  # while backlogged: when its requests' earliest timeout passes
 
 
 class SequenceScheduler(ModelScheduler):
@@ -92,6 +96,9 @@ class SequenceScheduler(ModelScheduler):
         # its first entry is found in O(1) however many were removed before it.
         self._idle_since: collections.OrderedDict[_Sequence, int] = collections.OrderedDict()
         self._reaper = Alarm(self._clock, self._reap)
+        # Sequences waiting for room, oldest first: the strategy adds and promotes them.
+        self._backlog: dict[_Sequence, None] = {}
+        self._backlog_timer = Alarm(self._clock, self._expire_backlog)
 
     # -- instances ---------------------------------------------------------------
     def add_instances(self, instances: Sequence[Instance]) -> None:
@@ -164,6 +171,9 @@ class SequenceScheduler(ModelScheduler):
             self._release(sequence)
         self.stats.pending += 1
         self._arrived(request, sequence)
+        timeout_us = request.request.timeout_us
+        if timeout_us and sequence in self._backlog:
+            self._bound_backlog_wait(sequence, request.arrival_ns + timeout_us * 1000)
 
     def _arrived(self, request: AdmittedRequest, sequence: _Sequence) -> None:
         """``request`` was queued for ``sequence``."""
@@ -245,6 +255,39 @@ class SequenceScheduler(ModelScheduler):
                  extra={"request_id": cause.describe(), "model": self.model_name,
                         "version": self.version, "cancel_stage": "queued",
                         "cancel_reason": reason.value})
+
+    # -- backlog timeouts ----------------------------------------------------------
+    def _bound_backlog_wait(self, sequence: _Sequence, deadline_ns: int) -> None:
+        if not sequence.expires_ns or deadline_ns < sequence.expires_ns:
+            sequence.expires_ns = deadline_ns
+        self._backlog_timer.arm(sequence.expires_ns)
+
+    def _expire_backlog(self) -> None:
+        now = self._clock.now_ns()
+        for sequence in list(self._backlog):
+            expires = sequence.expires_ns
+            if not expires:
+                continue
+            if expires <= now:
+                self._reject_backlogged(sequence)
+            else:
+                self._backlog_timer.arm(expires)
+
+    def _reject_backlogged(self, sequence: _Sequence) -> None:
+        """``sequence`` waited in the backlog past a timeout: it is released and its queued
+        requests are answered (Triton's words), counted REJECTED."""
+        self._release(sequence)
+        waiting = list(sequence.waiting)
+        error = TritiumError(ErrorCode.UNAVAILABLE,
+                             "timeout of the corresponding sequence has been expired")
+        for request in waiting:
+            del self._queued[request]
+            self._unqueue(request, sequence)
+            self._rejected.add(request)
+            request.stream.close_with(InferenceResponse.failure(error))
+        log.info("sequence %s for model '%s' version %d released: its timeout passed while it "
+                 "waited in the backlog (%d requests rejected)", sequence.correlation_id,
+                 self.model_name, self.version, len(waiting))
 
     def _mark_idle(self, sequence: _Sequence) -> None:
         now = self._clock.now_ns()
