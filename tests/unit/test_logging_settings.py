@@ -14,7 +14,8 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.logging_settings import LogSettings, TraceSettings
+from tritium.core.logging_settings import LogSettings
+from tritium.core.tracing import NoTracer
 from tritium.frontends.grpc import codec
 
 DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
@@ -148,38 +149,13 @@ def test_log_file_cannot_be_changed(logs: Logs) -> None:
 
 # ----------------------------------------------------------------------------- trace
 
-TRACE_DEFAULTS = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
-                  "log_frequency": "0", "trace_file": "", "trace_mode": "triton"}
 
-
-def test_trace_settings_are_the_defaults_with_tracing_off() -> None:
-    trace = TraceSettings()
-    assert trace.current() == TRACE_DEFAULTS
-    trace.current()["trace_level"].append("TENSORS")  # type: ignore[union-attr]
-    unchanged = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
-                 "trace_file": "", "trace_mode": "triton", "log_frequency": None}
-    assert trace.update(unchanged) == TRACE_DEFAULTS
-
-
-@pytest.mark.parametrize(("changes", "code"), [
-    ({"trace_level": ["TIMESTAMPS"]}, ErrorCode.UNSUPPORTED),
-    ({"trace_level": ["OFF", "TENSORS"]}, ErrorCode.UNSUPPORTED),
-    ({"trace_file": "/tmp/trace.json"}, ErrorCode.UNSUPPORTED),
-    ({"trace_rate": "5"}, ErrorCode.UNSUPPORTED),
-    ({"trace_mode": "opentelemetry"}, ErrorCode.UNSUPPORTED),
-    ({"trace_level": ["LOUD"]}, ErrorCode.INVALID_ARG),
-    ({"trace_level": "OFF"}, ErrorCode.INVALID_ARG),
-    ({"trace_level": []}, ErrorCode.INVALID_ARG),
-    ({"trace_rate": "often"}, ErrorCode.INVALID_ARG),
-    ({"trace_rate": 1000}, ErrorCode.INVALID_ARG),
-    ({"trace_count": "-2"}, ErrorCode.INVALID_ARG),
-    ({"trace_mode": "fast"}, ErrorCode.INVALID_ARG),
-    ({"trace_file": 3}, ErrorCode.INVALID_ARG),
-    ({"no_such_setting": "1"}, ErrorCode.INVALID_ARG),
-    ({"no_such_setting": None}, ErrorCode.INVALID_ARG),
-])
-def test_trace_changes_that_are_refused(changes: dict[str, Any], code: ErrorCode) -> None:
-    assert code_of(TraceSettings().update, changes) is code
+def test_a_service_without_a_tracer_answers_the_defaults_and_refuses_changes() -> None:
+    tracer = NoTracer()
+    assert tracer.settings(None) == {"trace_level": ["OFF"], "trace_rate": "1000",
+                                     "trace_count": "-1", "log_frequency": "0",
+                                     "trace_file": "", "trace_mode": "triton"}
+    assert code_of(tracer.update, {"trace_rate": "5"}, None) is ErrorCode.UNSUPPORTED
 
 
 # -------------------------------------------------------------- gRPC map <-> plain dict
@@ -212,6 +188,6 @@ def test_grpc_trace_settings_map_to_plain_values_and_back() -> None:
     request.settings["trace_count"].value.extend(["1", "2"])
     with pytest.raises(TritiumError):
         codec.decode_trace_settings(request)
-    encoded = codec.encode_trace_settings(TRACE_DEFAULTS)  # type: ignore[arg-type]
+    encoded = codec.encode_trace_settings(NoTracer().settings(None))
     assert list(encoded.settings["trace_level"].value) == ["OFF"]
     assert list(encoded.settings["trace_rate"].value) == ["1000"]

@@ -14,7 +14,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tritium.core.logging_settings import TraceSettings, TraceValue
+from tritium.core.errors import ErrorCode, TritiumError
+from tritium.core.logging_settings import TraceValue
 from tritium.core.types import Tensor
 
 if TYPE_CHECKING:
@@ -95,22 +96,22 @@ class Tracer(Protocol):
 
 
 class NoTracer:
-    """A server that traces nothing: Triton's defaults, tracing OFF, only kept so."""
+    """The tracer of a service built without one (tests and tools; ``tritium serve`` always
+    has one, tracing/): it traces nothing, answers Triton's defaults, and refuses changes."""
 
     enabled = False
-
-    def __init__(self) -> None:
-        self._settings = TraceSettings()
 
     def start(self, model_name: str, carrier: Mapping[str, str] | None) -> None:
         return None
 
     def settings(self, model_name: str | None) -> dict[str, TraceValue]:
-        return self._settings.current()
+        return {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
+                "log_frequency": "0", "trace_file": "", "trace_mode": "triton"}
 
     def update(self, changes: Mapping[str, Any], model_name: str | None
                ) -> dict[str, TraceValue]:
-        return self._settings.update(changes)
+        raise TritiumError(ErrorCode.UNSUPPORTED,
+                           "trace settings cannot be changed: this service has no tracer")
 
 
 def traces_of(requests: Sequence[AdmittedRequest]) -> list[RequestTrace] | None:
