@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import os
 import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from tritium.core import response as core_response
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import RELEASE_ALL, InferenceRequest, RequestedOutput
+from tritium.core.request import RELEASE_ALL
 from tritium.core.response import InferenceResponse, StreamClosedError
 from tritium.core.types import Tensor
 from tritium.execution.backend import InstanceInfo
@@ -39,9 +42,14 @@ if TYPE_CHECKING:
     import asyncio  # imported for ``async def execute`` only: ssl and all cost ~7 MiB
 
 log = logging.getLogger("tritium.execution.process")
+_NAME = operator.attrgetter("name")
 
 
-class ChildStream:
+# The objects made per request are msgspec Structs: built in C, with no Python __init__
+# to run (what the child builds for each request costs about as much as its messages).
+
+
+class ChildStream(msgspec.Struct):
     """The send half of a request's stream, in the child: sends go over the channel.
 
     What ``backend.execute`` delivers after the model's ``execute`` returned waits for the
@@ -50,49 +58,67 @@ class ChildStream:
     instance (a client's request drops it; a BLS child's caller still reads it).
     """
 
-    __slots__ = ("_server", "closed", "slot")
+    server: InstanceServer
+    slot: int
+    closed: bool = False
     keeps_arrays = False  # a response is copied out (arena or frame) as it is sent
-
-    def __init__(self, server: InstanceServer, slot: int):
-        self._server = server
-        self.slot = slot
-        self.closed = False
 
     def send_nowait(self, response: InferenceResponse) -> None:
         if self.closed:
             raise StreamClosedError()
         if response.final:
             self.closed = True
-        self._server.send_response(self.slot, response)
+        self.server.send_response(self.slot, response)
 
 
-class ChildRequest:
+def _from_desc(name: str) -> Any:
+    """A read-only attribute that reads the request's ``RequestDesc`` (in C)."""
+    return property(operator.attrgetter(f"desc.{name}"))
+
+
+class ChildCore(msgspec.Struct, gc=False):
+    """A request as the python backend reads it (the fields of a core ``InferenceRequest``
+    it reads): the ``RequestDesc`` that came, the request's inputs and its trace. Not a
+    copy: the fields the backend reads rarely are read from ``desc`` when asked."""
+
+    desc: msg.RequestDesc
+    inputs: dict[str, Tensor]
+    trace: TraceRef | None = None
+
+    id = _from_desc("id")
+    model_name = _from_desc("model_name")
+    correlation_id = _from_desc("correlation_id")
+    flags = _from_desc("flags")
+    timeout_us = _from_desc("timeout_us")
+    parameters = _from_desc("parameters")
+
+    def requested_output_names(self) -> list[str] | None:
+        return self.desc.outputs
+
+    def describe(self) -> str:
+        return self.desc.id or "<id_unknown>"
+
+
+class ChildRequest(msgspec.Struct):
     """What the python backend reads of an admitted request."""
 
-    __slots__ = ("cancellation", "release_flags", "request", "slot", "stream")
-
-    def __init__(self, request: InferenceRequest, cancellation: SlotCancellation,
-                 stream: ChildStream, slot: int) -> None:
-        self.request = request
-        self.cancellation = cancellation
-        self.stream = stream
-        self.slot = slot
-        self.release_flags = RELEASE_ALL  # set_release_flags; the server reads it at DONE
+    request: ChildCore
+    cancellation: SlotCancellation
+    stream: ChildStream
+    slot: int
+    release_flags: int = RELEASE_ALL  # set_release_flags; the server reads it at DONE
 
     def describe(self) -> str:
         return self.request.describe()
 
 
-class _Batch:
-    """A batch the server sent: its id (DONE names it) and its requests."""
+class _Batch(msgspec.Struct):
+    """A batch the server sent: its id (DONE names it), its requests, and the slots of
+    those cancelled while it waited here."""
 
-    __slots__ = ("batch_id", "requests", "unstarted")
-
-    def __init__(self, batch_id: int, requests: list[ChildRequest],
-                 unstarted: list[int] | None = None) -> None:
-        self.batch_id = batch_id
-        self.requests = requests
-        self.unstarted = unstarted or []
+    batch_id: int
+    requests: list[ChildRequest]
+    unstarted: list[int]
 
 
 class InstanceServer:
@@ -148,22 +174,13 @@ class InstanceServer:
             cancellation = cancellation_of(slot)
             if cancellation.is_cancelled():
                 unstarted.append(slot)
-                at += count
-                continue
-            inputs: dict[str, Tensor] = {}
-            for tensor in tensors[at:at + count]:
-                inputs[tensor.name] = tensor
+            else:
+                mine = tensors[at:at + count]
+                trace = desc.trace
+                core = ChildCore(desc, dict(zip(map(_NAME, mine), mine, strict=True)),
+                                 None if trace is None else TraceRef(trace, slot))
+                requests.append(ChildRequest(core, cancellation, ChildStream(self, slot), slot))
             at += count
-            outputs = desc.outputs
-            core = InferenceRequest(
-                model_name=desc.model_name, inputs=inputs, id=desc.id,
-                parameters=desc.parameters,
-                requested_outputs=None if outputs is None
-                else [RequestedOutput(name) for name in outputs],
-                correlation_id=desc.correlation_id, flags=desc.flags,
-                timeout_us=desc.timeout_us,
-                trace=None if desc.trace is None else TraceRef(desc.trace, slot))
-            requests.append(ChildRequest(core, cancellation, ChildStream(self, slot), slot))
         return _Batch(execute.batch_id, requests, unstarted)
 
     def serve(self) -> None:
