@@ -156,8 +156,9 @@ class InstanceServer:
             tensors = self._writer.pack(response.outputs)
         except TritiumError as exc:  # too large to cross: the client gets why
             return msg.ResponseBody(slot, response.final, error=ErrorBody.of(exc))
-        return msg.ResponseBody(slot, response.final, parameters=dict(response.parameters),
-                                tensors=tensors)
+        # Not copied: nothing changes a sent response (pb_utils copies its parameters).
+        return msg.ResponseBody(slot, response.final, False, None, response.parameters,
+                                tensors)
 
     # -- batches -------------------------------------------------------------
     def _batch(self, execute: msg.Execute) -> _Batch:
