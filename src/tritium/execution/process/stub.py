@@ -128,6 +128,9 @@ class InstanceServer:
         self._link = link
         self._backend = backend
         self._flags = flags
+        # A slot's flag, as requests read it, is the same for every request in that slot: one
+        # object each, made once (the server reuses the slots it freed last, so few are).
+        self._cancellations: dict[int, SlotCancellation] = {}
         self._writer: ArenaWriter = link.writer  # type: ignore[assignment]
         self._reader: ArenaReader = link.reader  # type: ignore[assignment]
         self._inbox: collections.deque[Any] = collections.deque()
@@ -140,25 +143,23 @@ class InstanceServer:
 
     # -- responses -----------------------------------------------------------
     def send_response(self, slot: int, response: InferenceResponse) -> None:
-        body = self.pack_response(slot, response)
+        if response.flag_only:
+            body = msg.ResponseBody(slot, True, True)
+        elif response.error is not None:
+            body = msg.ResponseBody(slot, response.final, error=ErrorBody.of(response.error))
+        else:
+            try:
+                tensors = self._writer.pack(response.outputs)
+            except TritiumError as exc:  # too large to cross: the client gets why
+                body = msg.ResponseBody(slot, response.final, error=ErrorBody.of(exc))
+            else:
+                # Not copied: nothing changes a sent response (pb_utils copies its parameters).
+                body = msg.ResponseBody(slot, response.final, False, None, response.parameters,
+                                        tensors)
         if getattr(core_response._thread_state, "deferred", None) is not None:
             self._deferred.append(body)
         else:
             self._link.send(msg.Responses([body]))
-
-    def pack_response(self, slot: int, response: InferenceResponse) -> msg.ResponseBody:
-        error = response.error
-        if response.flag_only:
-            return msg.ResponseBody(slot, True, flag_only=True)
-        if error is not None:
-            return msg.ResponseBody(slot, response.final, error=ErrorBody.of(error))
-        try:
-            tensors = self._writer.pack(response.outputs)
-        except TritiumError as exc:  # too large to cross: the client gets why
-            return msg.ResponseBody(slot, response.final, error=ErrorBody.of(exc))
-        # Not copied: nothing changes a sent response (pb_utils copies its parameters).
-        return msg.ResponseBody(slot, response.final, False, None, response.parameters,
-                                tensors)
 
     # -- batches -------------------------------------------------------------
     def _batch(self, execute: msg.Execute) -> _Batch:
@@ -168,11 +169,13 @@ class InstanceServer:
         tensors = self._reader.unpack(execute.inputs)
         requests: list[ChildRequest] = []
         unstarted: list[int] = []
-        cancellation_of = self._flags.cancellation
+        cancellations = self._cancellations
         at = 0
         for desc in execute.requests:  # one pass: every request of a small batch crosses
             slot, count = desc.slot, desc.inputs
-            cancellation = cancellation_of(slot)
+            cancellation = cancellations.get(slot)
+            if cancellation is None:
+                cancellation = cancellations[slot] = self._flags.cancellation(slot)
             if cancellation.is_cancelled():
                 unstarted.append(slot)
             else:
