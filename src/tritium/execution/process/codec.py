@@ -39,7 +39,11 @@ _HEAD = LENGTH.size
 def encode(message: Any) -> bytearray:
     """One frame: the length, then ``[tag, *fields]``."""
     frame = bytearray()
-    encode_onto(message, frame)
+    _encoder.encode_into(message, frame, _HEAD)  # as encode_onto, less its Python frame
+    length = len(frame) - _HEAD
+    if length > MAX_FRAME:
+        raise _too_large(message, length)
+    LENGTH.pack_into(frame, 0, length)
     return frame
 
 
@@ -50,9 +54,13 @@ def encode_onto(message: Any, out: bytearray) -> None:
     length = len(out) - start - _HEAD
     if length > MAX_FRAME:
         del out[start:]
-        raise FrameError(f"a {type(message).__name__} frame of {length} bytes exceeds the "
-                         f"limit of {MAX_FRAME}")
+        raise _too_large(message, length)
     LENGTH.pack_into(out, start, length)
+
+
+def _too_large(message: Any, length: int) -> FrameError:
+    return FrameError(f"a {type(message).__name__} frame of {length} bytes exceeds the "
+                      f"limit of {MAX_FRAME}")
 
 
 def decode(body: bytes | bytearray | memoryview) -> Any:
