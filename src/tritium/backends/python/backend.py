@@ -8,6 +8,7 @@ import logging
 import time
 import types
 from collections.abc import Awaitable, Coroutine
+from itertools import repeat
 from typing import Any
 
 from tritium.backends.python import scope
@@ -67,8 +68,8 @@ class PythonBackend:
         for admitted in requests:  # inline, not traces_of(): this runs for every batch
             if admitted.request.trace is not None:
                 return self._traced_execute(requests, traces_of(requests) or [])
-        context = self._context
-        return self._run(requests, [ReceivedRequest(request, context) for request in requests])
+        received = list(map(ReceivedRequest, requests, repeat(self._context)))  # no frame
+        return self._run(requests, received)
 
     def _traced_execute(self, requests: list[AdmittedRequest], traces: list[RequestTrace]
                         ) -> Awaitable[None] | None:
