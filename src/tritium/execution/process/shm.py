@@ -254,9 +254,9 @@ class ArenaWriter:
         at = 0
         base = offset + HEADER
         for desc in descs:
-            nbytes = desc.nbytes
-            if nbytes:
-                mm[base + at:base + at + nbytes] = desc.data  # the one copy (a memcpy)
+            nbytes, data = desc.nbytes, desc.data
+            if nbytes and data is not None:  # a buffer: set above
+                mm[base + at:base + at + nbytes] = data  # the one copy (a memcpy)
             desc.at, desc.data = at, None
             at += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
         return Packed(offset, descs)

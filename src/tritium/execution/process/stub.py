@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tritium.execution.process")
 _NAME = operator.attrgetter("name")
+_RELEASE_FLAGS = operator.attrgetter("release_flags")
+_ALL = frozenset((RELEASE_ALL,))
 
 
 # The objects made per request are msgspec Structs: built in C, with no Python __init__
@@ -221,8 +223,10 @@ class InstanceServer:
             self._parking.batch_done(elapsed, bool(self._inbox))
         # What execute delivered after the model's own sends leaves with DONE, one frame.
         deferred, self._deferred = self._deferred, []
-        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests),
-                                 batch.unstarted))
+        requests = batch.requests
+        # Whether any model set release flags, asked in C: usually none did.
+        released = [] if set(map(_RELEASE_FLAGS, requests)) <= _ALL else _released(requests)
+        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, released, batch.unstarted))
 
     # -- async def execute ---------------------------------------------------
     def serve_async(self) -> None:
