@@ -304,7 +304,7 @@ class ArenaReader:
         if not descs:
             return []
         if packed.offset < 0:
-            return list(map(_inline, descs))  # no comprehension frame
+            return [_inline(desc) for desc in descs]
         end = max(desc.at + desc.nbytes for desc in descs)
         flat = self.block(packed.offset, end)
         return [_tensor(flat, desc) for desc in descs]

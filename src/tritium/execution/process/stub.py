@@ -42,9 +42,6 @@ if TYPE_CHECKING:
     import asyncio  # imported for ``async def execute`` only: ssl and all cost ~7 MiB
 
 log = logging.getLogger("tritium.execution.process")
-_NAME = operator.attrgetter("name")
-_RELEASE_FLAGS = operator.attrgetter("release_flags")
-_ALL = frozenset((RELEASE_ALL,))
 
 
 # The objects made per request are msgspec Structs: built in C, with no Python __init__
@@ -181,10 +178,11 @@ class InstanceServer:
             if cancellation.is_cancelled():
                 unstarted.append(slot)
             else:
-                mine = tensors[at:at + count]
+                inputs: dict[str, Tensor] = {}
+                for tensor in tensors[at:at + count]:
+                    inputs[tensor.name] = tensor
                 trace = desc.trace
-                core = ChildCore(desc, dict(zip(map(_NAME, mine), mine, strict=True)),
-                                 None if trace is None else TraceRef(trace, slot))
+                core = ChildCore(desc, inputs, None if trace is None else TraceRef(trace, slot))
                 requests.append(ChildRequest(core, cancellation, ChildStream(self, slot), slot))
             at += count
         return _Batch(execute.batch_id, requests, unstarted)
@@ -223,10 +221,8 @@ class InstanceServer:
             self._parking.batch_done(elapsed, bool(self._inbox))
         # What execute delivered after the model's own sends leaves with DONE, one frame.
         deferred, self._deferred = self._deferred, []
-        requests = batch.requests
-        # Whether any model set release flags, asked in C: usually none did.
-        released = [] if set(map(_RELEASE_FLAGS, requests)) <= _ALL else _released(requests)
-        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, released, batch.unstarted))
+        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests),
+                                 batch.unstarted))
 
     # -- async def execute ---------------------------------------------------
     def serve_async(self) -> None:
@@ -263,8 +259,11 @@ class InstanceServer:
 
 def _released(requests: list[ChildRequest]) -> list[msg.Released]:
     """The release flags a model set (RESCHEDULE for iterative sequences), by slot."""
-    return [msg.Released(r.slot, r.release_flags) for r in requests
-            if r.release_flags != RELEASE_ALL]
+    released: list[msg.Released] = []
+    for request in requests:  # a loop, not a comprehension: usually none is set
+        if request.release_flags != RELEASE_ALL:
+            released.append(msg.Released(request.slot, request.release_flags))
+    return released
 
 
 def _thread(target: Any, name: str) -> Any:
