@@ -68,7 +68,10 @@ class PythonBackend:
             if admitted.request.trace is not None:
                 return self._traced_execute(requests, traces_of(requests) or [])
         context = self._context
-        return self._run(requests, [ReceivedRequest(request, context) for request in requests])
+        received = []
+        for request in requests:  # a loop: before Python 3.12 a comprehension is a call
+            received.append(ReceivedRequest(request, context))
+        return self._run(requests, received)
 
     def _traced_execute(self, requests: list[AdmittedRequest], traces: list[RequestTrace]
                         ) -> Awaitable[None] | None:

@@ -304,7 +304,10 @@ class ArenaReader:
         if not descs:
             return []
         if packed.offset < 0:
-            return [_inline(desc) for desc in descs]
+            inline = []
+            for desc in descs:  # a loop: before Python 3.12 a comprehension is a call
+                inline.append(_inline(desc))
+            return inline
         end = max(desc.at + desc.nbytes for desc in descs)
         flat = self.block(packed.offset, end)
         return [_tensor(flat, desc) for desc in descs]

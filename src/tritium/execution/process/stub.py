@@ -155,7 +155,7 @@ class InstanceServer:
                 # Not copied: nothing changes a sent response (pb_utils copies its parameters).
                 body = msg.ResponseBody(slot, response.final, False, None, response.parameters,
                                         tensors)
-        if getattr(core_response._thread_state, "deferred", None) is not None:
+        if core_response._thread_state.deferred is not None:
             self._deferred.append(body)
         else:
             self._link.send(msg.Responses([body]))
