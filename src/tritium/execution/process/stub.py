@@ -221,8 +221,11 @@ class InstanceServer:
             self._parking.batch_done(elapsed, bool(self._inbox))
         # What execute delivered after the model's own sends leaves with DONE, one frame.
         deferred, self._deferred = self._deferred, []
-        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests),
-                                 batch.unstarted))
+        released: list[msg.Released] = []  # the release flags models set (RESCHEDULE), by slot
+        for request in batch.requests:
+            if request.release_flags != RELEASE_ALL:
+                released.append(msg.Released(request.slot, request.release_flags))
+        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, released, batch.unstarted))
 
     # -- async def execute ---------------------------------------------------
     def serve_async(self) -> None:
@@ -255,15 +258,6 @@ class InstanceServer:
         from tritium.execution.process import death
 
         death.parent_gone()
-
-
-def _released(requests: list[ChildRequest]) -> list[msg.Released]:
-    """The release flags a model set (RESCHEDULE for iterative sequences), by slot."""
-    released: list[msg.Released] = []
-    for request in requests:  # a loop, not a comprehension: usually none is set
-        if request.release_flags != RELEASE_ALL:
-            released.append(msg.Released(request.slot, request.release_flags))
-    return released
 
 
 def _thread(target: Any, name: str) -> Any:
