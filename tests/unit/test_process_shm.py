@@ -14,7 +14,7 @@ import pytest
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.types import DataType, Tensor
 from tritium.execution.process import messages as msg
-from tritium.execution.process.codec import FrameReader, decode, encode
+from tritium.execution.process.codec import FrameError, FrameReader, decode, encode
 from tritium.execution.process.flags import FlagTable, FlagView
 from tritium.execution.process.shm import (
     LARGE,
@@ -171,6 +171,29 @@ def test_small_tensors_travel_inline(arena: tuple[ArenaWriter, ArenaReader]) -> 
     assert list(got[1].data) == [b"a", b"bc"]
     big = np.zeros(SMALL + 1, dtype=np.uint8)
     assert writer.pack([_tensor("big", big)]).offset >= 0
+
+
+def test_strided_tensors_cross_in_order(arena: tuple[ArenaWriter, ArenaReader]) -> None:
+    """A non-contiguous array (a transposed view) crosses as its values in row-major order,
+    inline and through a block alike."""
+    writer, reader = arena
+    for rows in (4, 256):  # inline, then above SMALL
+        source = np.arange(rows * 8, dtype=np.float32).reshape(8, rows).T
+        assert not source.flags.c_contiguous
+        (got,) = reader.unpack(writer.pack([_tensor("t", source)]))
+        assert np.array_equal(got.data, source) and got.shape == (rows, 8)
+
+
+@pytest.mark.parametrize("nbytes", [60, 68])
+def test_an_inline_tensor_whose_bytes_do_not_fit_its_shape_is_refused(
+        arena: tuple[ArenaWriter, ArenaReader], nbytes: int) -> None:
+    """A [1, 16] FP32 tensor must come with exactly 64 bytes: fewer or more, and the sender
+    is broken or hostile (FrameError), not a view over the wrong bytes."""
+    _, reader = arena
+    desc = msg.TensorDesc("x", DataType.FP32.code, (1, 16), 0, nbytes,
+                          memoryview(bytearray(nbytes)))
+    with pytest.raises(FrameError, match="does not fit"):
+        reader.unpack(msg.Packed(-1, [desc]))
 
 
 def test_buffers_round_trip(arena: tuple[ArenaWriter, ArenaReader]) -> None:

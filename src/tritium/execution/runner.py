@@ -39,6 +39,7 @@ class BatchRunner(Generic[Token]):
         self._model = model_name
         self._report = report
         self._placement = placement
+        self._placed = placement.active  # not placed (an instance process): nothing to call
 
     def run(self, token: Token, requests: Sequence[Any]) -> None:
         """A synchronous ``execute`` of ``requests`` on this thread; reported when done."""
@@ -46,7 +47,8 @@ class BatchRunner(Generic[Token]):
             self._report(token, -1, [])
             return
         started = time.monotonic_ns()
-        self._placement.widen()
+        if self._placed:
+            self._placement.widen()
         with DeferredWakes() as woken:
             try:
                 self.backend.execute(list(requests))
@@ -54,7 +56,8 @@ class BatchRunner(Generic[Token]):
                 fail_batch(requests, self._model, exc)
         elapsed = time.monotonic_ns() - started
         # Home before waking the loop, so the wake-up stays on one core.
-        self._placement.narrow()
+        if self._placed:
+            self._placement.narrow()
         self._report(token, elapsed, woken)
 
     def start_async(self, token: Token, requests: Sequence[Any]) -> None:

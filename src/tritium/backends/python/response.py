@@ -89,7 +89,11 @@ def to_core(response: InferenceResponse, wanted: Container[str], final: bool) ->
     """
     if response._error is not None:
         return CoreResponse(error=response._error.to_core(), final=final)
-    outputs = [tensor._core for tensor in response._outputs if tensor._core.name in wanted]
+    outputs = []
+    for tensor in response._outputs:  # a loop: before Python 3.12 a comprehension is a call
+        core = tensor._core
+        if core.name in wanted:
+            outputs.append(core)
     return CoreResponse(outputs=outputs, parameters=response._parameters, final=final)
 
 

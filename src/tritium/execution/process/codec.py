@@ -39,7 +39,11 @@ _HEAD = LENGTH.size
 def encode(message: Any) -> bytearray:
     """One frame: the length, then ``[tag, *fields]``."""
     frame = bytearray()
-    encode_onto(message, frame)
+    _encoder.encode_into(message, frame, _HEAD)  # as encode_onto, less its Python frame
+    length = len(frame) - _HEAD
+    if length > MAX_FRAME:
+        raise _too_large(message, length)
+    LENGTH.pack_into(frame, 0, length)
     return frame
 
 
@@ -50,9 +54,13 @@ def encode_onto(message: Any, out: bytearray) -> None:
     length = len(out) - start - _HEAD
     if length > MAX_FRAME:
         del out[start:]
-        raise FrameError(f"a {type(message).__name__} frame of {length} bytes exceeds the "
-                         f"limit of {MAX_FRAME}")
+        raise _too_large(message, length)
     LENGTH.pack_into(out, start, length)
+
+
+def _too_large(message: Any, length: int) -> FrameError:
+    return FrameError(f"a {type(message).__name__} frame of {length} bytes exceeds the "
+                      f"limit of {MAX_FRAME}")
 
 
 def decode(body: bytes | bytearray | memoryview) -> Any:
@@ -61,7 +69,7 @@ def decode(body: bytes | bytearray | memoryview) -> Any:
         # The frame's length was checked against MAX_FRAME before it was buffered.
         return _decode(body)
     except msgspec.MsgspecError as exc:
-        raise FrameError(f"not a message: {exc}") from None
+        raise _not_a_message(exc) from None
 
 
 def decode_all(bodies: list[bytearray]) -> list[Any]:
@@ -69,7 +77,11 @@ def decode_all(bodies: list[bytearray]) -> list[Any]:
     try:
         return list(map(_decode, bodies))  # no Python frame per body
     except msgspec.MsgspecError as exc:
-        raise FrameError(f"not a message: {exc}") from None
+        raise _not_a_message(exc) from None
+
+
+def _not_a_message(exc: Exception) -> FrameError:
+    return FrameError(f"not a message: {exc}")
 
 
 def pack_value(value: Any) -> bytes:
@@ -121,6 +133,18 @@ class FrameReader:
                 return [bytearray(data[_HEAD:])]
         self.feed(data)
         return self.bodies(limit)
+
+    def messages(self, data: memoryview) -> list[Any]:
+        """``take`` every frame and ``decode_all`` them; a read that is exactly one frame
+        costs one Python call."""
+        if not self._pending and len(data) > _HEAD:
+            (length,) = LENGTH.unpack_from(data)
+            if length + _HEAD == len(data) and length <= MAX_FRAME:
+                try:
+                    return [_decode(bytearray(data[_HEAD:]))]
+                except msgspec.MsgspecError as exc:
+                    raise _not_a_message(exc) from None
+        return decode_all(self.take(data, 1 << 30))
 
     def bodies(self, limit: int) -> list[bytearray]:
         """Up to ``limit`` complete frame bodies, in order: each a copy of its own, writable

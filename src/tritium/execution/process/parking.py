@@ -39,10 +39,7 @@ class Parking:
         self.parked = False
         self._threads = 0  # the process's Python threads when it parked
         self._alone = 0  # short batches in a row that found no other waiting
-
-    @property
-    def active(self) -> bool:
-        return bool(self._home)
+        self.active = bool(self._home)  # read after every batch: a plain attribute
 
     def batch_done(self, elapsed_ns: int, waiting: bool) -> None:
         """A batch took ``elapsed_ns``; ``waiting``: another batch is here already. Called
@@ -71,6 +68,7 @@ class Parking:
     def _stop(self) -> None:
         self.unpark()
         self._home = frozenset()
+        self.active = False
         try:
             tasks = [int(task) for task in os.listdir("/proc/self/task")]
         except OSError:

@@ -229,20 +229,19 @@ class ArenaWriter:
         if not tensors:
             return EMPTY
         descs: list[TensorDesc] = []
-        sources: list[np.ndarray] = []
         total = 0
         for tensor in tensors:
-            data = tensor.data
             datatype = tensor.datatype
-            if datatype is DataType.BYTES:
-                data = np.frombuffer(serialize_bytes(data), dtype=np.uint8)
-            elif not data.flags.c_contiguous:
-                data = np.ascontiguousarray(data)
-            nbytes = data.nbytes
+            if datatype is _BYTES:
+                view = memoryview(serialize_bytes(tensor.data))
+            else:
+                # The buffer is what crosses, whichever way: its own flags cost no numpy call.
+                view = tensor.data.data
+                if not view.c_contiguous:
+                    view = np.ascontiguousarray(tensor.data).data
+            nbytes = view.nbytes
             total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
-            sources.append(data)
-            descs.append(TensorDesc(tensor.name, datatype.code, tensor.shape, 0, nbytes,
-                                    data.data))
+            descs.append(TensorDesc(tensor.name, datatype.code, tensor.shape, 0, nbytes, view))
         if total <= SMALL:
             return Packed(-1, descs)
         offset = self.allocate(total)
@@ -254,10 +253,10 @@ class ArenaWriter:
         mm = self._mm
         at = 0
         base = offset + HEADER
-        for desc, data in zip(descs, sources, strict=True):
-            nbytes = desc.nbytes
-            if nbytes:
-                mm[base + at:base + at + nbytes] = data.data  # the one copy (a memcpy)
+        for desc in descs:
+            nbytes, data = desc.nbytes, desc.data
+            if nbytes and data is not None:  # a buffer: set above
+                mm[base + at:base + at + nbytes] = data  # the one copy (a memcpy)
             desc.at, desc.data = at, None
             at += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
         return Packed(offset, descs)
@@ -305,7 +304,10 @@ class ArenaReader:
         if not descs:
             return []
         if packed.offset < 0:
-            return [_inline(desc) for desc in descs]
+            inline = []
+            for desc in descs:  # a loop: before Python 3.12 a comprehension is a call
+                inline.append(_inline(desc))
+            return inline
         end = max(desc.at + desc.nbytes for desc in descs)
         flat = self.block(packed.offset, end)
         return [_tensor(flat, desc) for desc in descs]
@@ -318,15 +320,18 @@ def _inline(desc: TensorDesc) -> CoreTensor:
     """A tensor that came inside its message: an array viewing the frame's bytes."""
     data = desc.data
     datatype = _BY_CODE.get(desc.datatype)
-    if data is None or datatype is None or datatype is DataType.BYTES:
+    if data is None or datatype is None or datatype is _BYTES:
         if data is None:
             raise FrameError(f"tensor '{desc.name}' is neither in a block nor inline")
         return _tensor(np.frombuffer(data, dtype=np.uint8), desc)  # checked on the way
-    try:  # numpy checks the size: a whole number of items, as many as the shape holds
-        array = np.frombuffer(data, dtype=datatype.numpy).reshape(desc.shape)
-    except ValueError:
+    shape = desc.shape
+    if math.prod(shape) * datatype.itemsize != data.nbytes:
+        raise FrameError(f"tensor '{desc.name}' does not fit its block")
+    try:  # one numpy call: an array over the frame's bytes (sizes checked just above)
+        array = np.ndarray(shape, datatype.numpy, data)
+    except (TypeError, ValueError):
         raise FrameError(f"tensor '{desc.name}' does not fit its block") from None
-    return CoreTensor(desc.name, datatype, desc.shape, array)
+    return CoreTensor(desc.name, datatype, shape, array)
 
 
 def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
@@ -354,3 +359,4 @@ def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
 
 
 _BY_CODE = {datatype.code: datatype for datatype in DataType}
+_BYTES = DataType.BYTES

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import os
 import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from tritium.core import response as core_response
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import RELEASE_ALL, InferenceRequest, RequestedOutput
+from tritium.core.request import RELEASE_ALL
 from tritium.core.response import InferenceResponse, StreamClosedError
 from tritium.core.types import Tensor
 from tritium.execution.backend import InstanceInfo
@@ -41,7 +44,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritium.execution.process")
 
 
-class ChildStream:
+# The objects made per request are msgspec Structs: built in C, with no Python __init__
+# to run (what the child builds for each request costs about as much as its messages).
+
+
+class ChildStream(msgspec.Struct):
     """The send half of a request's stream, in the child: sends go over the channel.
 
     What ``backend.execute`` delivers after the model's ``execute`` returned waits for the
@@ -50,49 +57,67 @@ class ChildStream:
     instance (a client's request drops it; a BLS child's caller still reads it).
     """
 
-    __slots__ = ("_server", "closed", "slot")
+    server: InstanceServer
+    slot: int
+    closed: bool = False
     keeps_arrays = False  # a response is copied out (arena or frame) as it is sent
-
-    def __init__(self, server: InstanceServer, slot: int):
-        self._server = server
-        self.slot = slot
-        self.closed = False
 
     def send_nowait(self, response: InferenceResponse) -> None:
         if self.closed:
             raise StreamClosedError()
         if response.final:
             self.closed = True
-        self._server.send_response(self.slot, response)
+        self.server.send_response(self.slot, response)
 
 
-class ChildRequest:
+def _from_desc(name: str) -> Any:
+    """A read-only attribute that reads the request's ``RequestDesc`` (in C)."""
+    return property(operator.attrgetter(f"desc.{name}"))
+
+
+class ChildCore(msgspec.Struct, gc=False):
+    """A request as the python backend reads it (the fields of a core ``InferenceRequest``
+    it reads): the ``RequestDesc`` that came, the request's inputs and its trace. Not a
+    copy: the fields the backend reads rarely are read from ``desc`` when asked."""
+
+    desc: msg.RequestDesc
+    inputs: dict[str, Tensor]
+    trace: TraceRef | None = None
+
+    id = _from_desc("id")
+    model_name = _from_desc("model_name")
+    correlation_id = _from_desc("correlation_id")
+    flags = _from_desc("flags")
+    timeout_us = _from_desc("timeout_us")
+    parameters = _from_desc("parameters")
+
+    def requested_output_names(self) -> list[str] | None:
+        return self.desc.outputs
+
+    def describe(self) -> str:
+        return self.desc.id or "<id_unknown>"
+
+
+class ChildRequest(msgspec.Struct):
     """What the python backend reads of an admitted request."""
 
-    __slots__ = ("cancellation", "release_flags", "request", "slot", "stream")
-
-    def __init__(self, request: InferenceRequest, cancellation: SlotCancellation,
-                 stream: ChildStream, slot: int) -> None:
-        self.request = request
-        self.cancellation = cancellation
-        self.stream = stream
-        self.slot = slot
-        self.release_flags = RELEASE_ALL  # set_release_flags; the server reads it at DONE
+    request: ChildCore
+    cancellation: SlotCancellation
+    stream: ChildStream
+    slot: int
+    release_flags: int = RELEASE_ALL  # set_release_flags; the server reads it at DONE
 
     def describe(self) -> str:
         return self.request.describe()
 
 
-class _Batch:
-    """A batch the server sent: its id (DONE names it) and its requests."""
+class _Batch(msgspec.Struct):
+    """A batch the server sent: its id (DONE names it), its requests, and the slots of
+    those cancelled while it waited here."""
 
-    __slots__ = ("batch_id", "requests", "unstarted")
-
-    def __init__(self, batch_id: int, requests: list[ChildRequest],
-                 unstarted: list[int] | None = None) -> None:
-        self.batch_id = batch_id
-        self.requests = requests
-        self.unstarted = unstarted or []
+    batch_id: int
+    requests: list[ChildRequest]
+    unstarted: list[int]
 
 
 class InstanceServer:
@@ -102,6 +127,9 @@ class InstanceServer:
         self._link = link
         self._backend = backend
         self._flags = flags
+        # A slot's flag, as requests read it, is the same for every request in that slot: one
+        # object each, made once (the server reuses the slots it freed last, so few are).
+        self._cancellations: dict[int, SlotCancellation] = {}
         self._writer: ArenaWriter = link.writer  # type: ignore[assignment]
         self._reader: ArenaReader = link.reader  # type: ignore[assignment]
         self._inbox: collections.deque[Any] = collections.deque()
@@ -114,24 +142,23 @@ class InstanceServer:
 
     # -- responses -----------------------------------------------------------
     def send_response(self, slot: int, response: InferenceResponse) -> None:
-        body = self.pack_response(slot, response)
-        if getattr(core_response._thread_state, "deferred", None) is not None:
+        if response.flag_only:
+            body = msg.ResponseBody(slot, True, True)
+        elif response.error is not None:
+            body = msg.ResponseBody(slot, response.final, error=ErrorBody.of(response.error))
+        else:
+            try:
+                tensors = self._writer.pack(response.outputs)
+            except TritiumError as exc:  # too large to cross: the client gets why
+                body = msg.ResponseBody(slot, response.final, error=ErrorBody.of(exc))
+            else:
+                # Not copied: nothing changes a sent response (pb_utils copies its parameters).
+                body = msg.ResponseBody(slot, response.final, False, None, response.parameters,
+                                        tensors)
+        if core_response._thread_state.deferred is not None:
             self._deferred.append(body)
         else:
             self._link.send(msg.Responses([body]))
-
-    def pack_response(self, slot: int, response: InferenceResponse) -> msg.ResponseBody:
-        error = response.error
-        if response.flag_only:
-            return msg.ResponseBody(slot, True, flag_only=True)
-        if error is not None:
-            return msg.ResponseBody(slot, response.final, error=ErrorBody.of(error))
-        try:
-            tensors = self._writer.pack(response.outputs)
-        except TritiumError as exc:  # too large to cross: the client gets why
-            return msg.ResponseBody(slot, response.final, error=ErrorBody.of(exc))
-        return msg.ResponseBody(slot, response.final, parameters=dict(response.parameters),
-                                tensors=tensors)
 
     # -- batches -------------------------------------------------------------
     def _batch(self, execute: msg.Execute) -> _Batch:
@@ -141,29 +168,23 @@ class InstanceServer:
         tensors = self._reader.unpack(execute.inputs)
         requests: list[ChildRequest] = []
         unstarted: list[int] = []
-        cancellation_of = self._flags.cancellation
+        cancellations = self._cancellations
         at = 0
         for desc in execute.requests:  # one pass: every request of a small batch crosses
             slot, count = desc.slot, desc.inputs
-            cancellation = cancellation_of(slot)
+            cancellation = cancellations.get(slot)
+            if cancellation is None:
+                cancellation = cancellations[slot] = self._flags.cancellation(slot)
             if cancellation.is_cancelled():
                 unstarted.append(slot)
-                at += count
-                continue
-            inputs: dict[str, Tensor] = {}
-            for tensor in tensors[at:at + count]:
-                inputs[tensor.name] = tensor
+            else:
+                inputs: dict[str, Tensor] = {}
+                for tensor in tensors[at:at + count]:
+                    inputs[tensor.name] = tensor
+                trace = desc.trace
+                core = ChildCore(desc, inputs, None if trace is None else TraceRef(trace, slot))
+                requests.append(ChildRequest(core, cancellation, ChildStream(self, slot), slot))
             at += count
-            outputs = desc.outputs
-            core = InferenceRequest(
-                model_name=desc.model_name, inputs=inputs, id=desc.id,
-                parameters=desc.parameters,
-                requested_outputs=None if outputs is None
-                else [RequestedOutput(name) for name in outputs],
-                correlation_id=desc.correlation_id, flags=desc.flags,
-                timeout_us=desc.timeout_us,
-                trace=None if desc.trace is None else TraceRef(desc.trace, slot))
-            requests.append(ChildRequest(core, cancellation, ChildStream(self, slot), slot))
         return _Batch(execute.batch_id, requests, unstarted)
 
     def serve(self) -> None:
@@ -200,8 +221,11 @@ class InstanceServer:
             self._parking.batch_done(elapsed, bool(self._inbox))
         # What execute delivered after the model's own sends leaves with DONE, one frame.
         deferred, self._deferred = self._deferred, []
-        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, _released(batch.requests),
-                                 batch.unstarted))
+        released: list[msg.Released] = []  # the release flags models set (RESCHEDULE), by slot
+        for request in batch.requests:
+            if request.release_flags != RELEASE_ALL:
+                released.append(msg.Released(request.slot, request.release_flags))
+        self._link.send(msg.Done(batch.batch_id, elapsed, deferred, released, batch.unstarted))
 
     # -- async def execute ---------------------------------------------------
     def serve_async(self) -> None:
@@ -234,12 +258,6 @@ class InstanceServer:
         from tritium.execution.process import death
 
         death.parent_gone()
-
-
-def _released(requests: list[ChildRequest]) -> list[msg.Released]:
-    """The release flags a model set (RESCHEDULE for iterative sequences), by slot."""
-    return [msg.Released(r.slot, r.release_flags) for r in requests
-            if r.release_flags != RELEASE_ALL]
 
 
 def _thread(target: Any, name: str) -> Any:
