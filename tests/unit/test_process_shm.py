@@ -192,12 +192,12 @@ def test_a_cancel_flips_the_childs_flag_at_once() -> None:
         assert not child.is_cancelled() and child.reason is None
         first.cancel(CancelReason.CLIENT_CANCELLED)
         assert child.is_cancelled() and child.reason is CancelReason.CLIENT_CANCELLED
-        table.release(slot)
+        table.release(slot, first)
         reused = table.acquire(second)
         assert reused == slot and not view.cancellation(reused).is_cancelled()
         late = Cancellation(loop)
         old = table.acquire(late)
-        table.release(old)
+        table.release(old, late)
         taken = table.acquire(Cancellation(loop))
         late.cancel(CancelReason.DEADLINE)  # after its slot went to another request
         assert not view.cancellation(taken).is_cancelled()

@@ -128,7 +128,9 @@ class ProcessInstance:
         self._calls: dict[int, tuple[CallContext, asyncio.Task[None]]] = {}
         self._writer: ArenaWriter | None = None
         self._reader: ArenaReader | None = None
-        self._dead = False
+        # False from the moment the child is known gone (end of file or exit), before
+        # ``exited`` resolves: the supervisor must not hand the slot back before then.
+        self.alive = True
         self._stopping = False
 
     # -- lifecycle -----------------------------------------------------------
@@ -164,7 +166,8 @@ class ProcessInstance:
         await asyncio.shield(self._ready)
 
     def submit(self, batch: list[AdmittedRequest]) -> None:
-        if self._dead or self._channel is None:
+        channel = self._channel
+        if not self.alive or channel is None:
             for request in batch:
                 if request.cancellation.reason is not None:
                     end_unstarted(request)
@@ -179,10 +182,11 @@ class ProcessInstance:
         traced = False
         pending, flags = self._pending, self._flags
         for request in batch:  # one pass: every request of a small batch crosses
-            if request.cancellation.reason is not None:
+            cancellation = request.cancellation
+            if cancellation.reason is not None:
                 end_unstarted(request)
                 continue
-            slot = flags.acquire(request.cancellation)
+            slot = flags.acquire(cancellation)
             if slot < 0:
                 self._fail([request], TritiumError(ErrorCode.UNAVAILABLE, (
                     f"instance {self.name} holds {flags.slots} requests already")))
@@ -213,7 +217,7 @@ class ProcessInstance:
         batch_id = next(_batch_ids)
         behind = bool(self._batches)  # it waits at the process until those are done
         entry = self._batches[batch_id] = _Batch(batch, slots, traced)
-        self._channel.send(msg.Execute(batch_id, descs, packed))
+        channel.send(msg.Execute(batch_id, descs, packed))
         if traced and not behind:
             _compute_started(entry, entry.started)
         entry.waiting = behind
@@ -221,7 +225,7 @@ class ProcessInstance:
     def stop(self) -> None:
         """Ask the process to finalize the model and exit; see ``wait_stopped``."""
         self._stopping = True
-        if self._channel is not None and not self._dead:
+        if self._channel is not None and self.alive:
             self._channel.send(msg.Stop())
 
     async def wait_stopped(self) -> None:
@@ -232,12 +236,6 @@ class ProcessInstance:
     def exited(self) -> asyncio.Future[int]:
         """Resolves with the exit status once the process is gone, however it ended."""
         return self._exited
-
-    @property
-    def alive(self) -> bool:
-        """False from the moment the child is known gone (end of file or exit), before
-        ``exited`` resolves: the supervisor must not hand the slot back before then."""
-        return not self._dead
 
     def kill(self) -> None:
         """End the instance process and everything it started, at once (the guardian
@@ -299,7 +297,8 @@ class ProcessInstance:
     def _done(self, done: msg.Done) -> None:
         if done.released or done.unstarted:
             self._settle_requests(done)
-        entry = self._batches.get(done.batch_id)
+        batches = self._batches
+        entry = batches.pop(done.batch_id, None)
         traces = traces_of(entry.batch) if entry is not None and entry.traced else None
         if traces is not None:
             record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
@@ -308,19 +307,19 @@ class ProcessInstance:
         with DeferredWakes() as woken:
             for body in done.responses:
                 self._deliver(body)
-        entry = self._batches.pop(done.batch_id, None)
-        if self._batches:
+        if batches:
             self._next_begins()
         if entry is None:
             wake_all(woken)
             return
         if traces is not None:
             record(traces, COMPUTE_END, time.monotonic_ns())
+        pending = self._pending
         for slot in entry.slots:
-            pending = self._pending.get(slot)
-            if pending is not None:
-                pending.batch_done = True
-                if pending.final:
+            held = pending.get(slot)
+            if held is not None:
+                held.batch_done = True
+                if held.final:
                     self._release(slot)
         self._on_done(self, entry.batch, done.elapsed_ns, woken)
 
@@ -349,8 +348,7 @@ class ProcessInstance:
         return None if pending is None else pending.request
 
     def _release(self, slot: int) -> None:
-        del self._pending[slot]
-        self._flags.release(slot)
+        self._flags.release(slot, self._pending.pop(slot).request.cancellation)
 
     # -- calls the child makes -------------------------------------------------
     def _start_call(self, call: msg.Call) -> None:
@@ -382,7 +380,7 @@ class ProcessInstance:
 
     def _send_reply(self, call_id: int, payload: object, buffers: Sequence[Any],
                     final: bool) -> None:
-        if self._channel is None or self._dead:
+        if self._channel is None or not self.alive:
             return
         assert self._writer is not None
         packed = self._writer.pack_buffers(buffers) if buffers else EMPTY
@@ -425,9 +423,9 @@ class ProcessInstance:
 
     def _gone(self) -> None:
         """The child is gone: what it held fails now, every batch is reported done."""
-        if self._dead:
+        if not self.alive:
             return
-        self._dead = True
+        self.alive = False
         error = self.crash_error()
         for pending in self._pending.values():
             self._fail([pending.request], error)
