@@ -217,7 +217,11 @@ class ProcessInstance:
         batch_id = next(_batch_ids)
         behind = bool(self._batches)  # it waits at the process until those are done
         entry = self._batches[batch_id] = _Batch(batch, slots, traced)
-        channel.send(msg.Execute(batch_id, descs, packed))
+        execute = msg.Execute(batch_id, descs, packed)
+        if behind:  # batches sent in the same iteration of the loop leave in one write
+            channel.send(execute)
+        else:  # the process is idle: it starts at once (the next ones follow together)
+            channel.send_now(execute)
         if traced and not behind:
             _compute_started(entry, entry.started)
         entry.waiting = behind
