@@ -168,12 +168,7 @@ class ProcessInstance:
     def submit(self, batch: list[AdmittedRequest]) -> None:
         channel = self._channel
         if not self.alive or channel is None:
-            for request in batch:
-                if request.cancellation.reason is not None:
-                    end_unstarted(request)
-                else:
-                    self._fail([request], self.crash_error())
-            self._loop.call_soon(self._on_done, self, batch, -1, [])
+            self._refuse(batch)
             return
         assert self._writer is not None
         descs: list[msg.RequestDesc] = []
@@ -225,6 +220,15 @@ class ProcessInstance:
         if traced and not behind:
             _compute_started(entry, entry.started)
         entry.waiting = behind
+
+    def _refuse(self, batch: list[AdmittedRequest]) -> None:
+        """A batch for a process that is gone: answered at once, reported done soon."""
+        for request in batch:
+            if request.cancellation.reason is not None:
+                end_unstarted(request)
+            else:
+                self._fail([request], self.crash_error())
+        self._loop.call_soon(self._on_done, self, batch, -1, [])
 
     def stop(self) -> None:
         """Ask the process to finalize the model and exit; see ``wait_stopped``."""
