@@ -71,18 +71,6 @@ def default_command(info: InstanceInfo) -> list[str]:
     return [sys.executable, "-m", LAUNCH_MODULE]
 
 
-class _Pending:
-    """A request the child holds: its slot is given back once its final response came
-    and its execute returned (a decoupled model may answer after returning)."""
-
-    __slots__ = ("batch_done", "final", "request")
-
-    def __init__(self, request: AdmittedRequest) -> None:
-        self.request = request
-        self.final = False
-        self.batch_done = False
-
-
 class _Batch:
     __slots__ = ("batch", "slots", "started", "traced", "waiting")
 
@@ -123,7 +111,13 @@ class ProcessInstance:
         self._ready: asyncio.Future[None] = loop.create_future()
         self._channel: ParentChannel | None = None
         self._flags = FlagTable()
-        self._pending: dict[int, _Pending] = {}
+        # The requests the child holds, by slot. A slot is given back once the request's
+        # final response came and its execute returned (a decoupled model may answer
+        # after returning): ``_finished`` holds those whose final came first, ``_returned``
+        # those whose execute returned first.
+        self._pending: dict[int, AdmittedRequest] = {}
+        self._finished: set[int] = set()
+        self._returned: set[int] = set()
         self._batches: dict[int, _Batch] = {}
         self._calls: dict[int, tuple[CallContext, asyncio.Task[None]]] = {}
         self._writer: ArenaWriter | None = None
@@ -186,7 +180,7 @@ class ProcessInstance:
                 self._fail([request], TritiumError(ErrorCode.UNAVAILABLE, (
                     f"instance {self.name} holds {flags.slots} requests already")))
                 continue
-            pending[slot] = _Pending(request)
+            pending[slot] = request
             slots.append(slot)
             core = request.request
             inputs = core.inputs.values()
@@ -203,7 +197,7 @@ class ProcessInstance:
             packed = self._writer.pack(tensors)
         except TritiumError as exc:  # too large for the arena and for a frame
             for slot in slots:
-                self._fail([pending[slot].request], exc)
+                self._fail([pending[slot]], exc)
                 self._release(slot)
             slots.clear()
         if not slots:
@@ -281,8 +275,9 @@ class ProcessInstance:
             raise FrameError(f"an instance process does not send {kind.__name__}")
 
     def _deliver(self, body: msg.ResponseBody) -> None:
-        pending = self._pending.get(body.slot)
-        if pending is None:
+        slot = body.slot
+        request = self._pending.get(slot)
+        if request is None:
             return
         if body.flag_only:
             response = InferenceResponse.final_flag()
@@ -294,13 +289,16 @@ class ProcessInstance:
             response = InferenceResponse(outputs=self._reader.unpack(tensors),
                                          parameters=body.parameters or {}, final=body.final)
         try:
-            pending.request.stream.send_nowait(response)
+            request.stream.send_nowait(response)
         except StreamClosedError:
             log.error("instance %s: a response after the final one was dropped", self.name)
         if body.final:
-            pending.final = True
-            if pending.batch_done:
-                self._release(body.slot)
+            returned = self._returned
+            if slot in returned:
+                returned.discard(slot)
+                self._release(slot)
+            else:
+                self._finished.add(slot)
 
     def _done(self, done: msg.Done) -> None:
         if done.released or done.unstarted:
@@ -310,6 +308,8 @@ class ProcessInstance:
         traces = traces_of(entry.batch) if entry is not None and entry.traced else None
         if traces is not None:
             record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
+        if entry is not None:
+            self._returned.update(entry.slots)  # a final response among these ends its slot
         # The responses execute returned wake when on_done says (as an instance thread's
         # do: the scheduler may hold them back to keep the dispatch order).
         with DeferredWakes() as woken:
@@ -322,25 +322,29 @@ class ProcessInstance:
             return
         if traces is not None:
             record(traces, COMPUTE_END, time.monotonic_ns())
-        pending = self._pending
-        for slot in entry.slots:
-            held = pending.get(slot)
-            if held is not None:
-                held.batch_done = True
-                if held.final:
-                    self._release(slot)
+        if self._finished:
+            self._release_finished(entry.slots)
         self._on_done(self, entry.batch, done.elapsed_ns, woken)
+
+    def _release_finished(self, slots: list[int]) -> None:
+        """Of a batch whose execute returned, the slots whose final response came before."""
+        finished, returned = self._finished, self._returned
+        for slot in slots:
+            if slot in finished:
+                finished.discard(slot)
+                returned.discard(slot)
+                self._release(slot)
 
     def _settle_requests(self, done: msg.Done) -> None:
         for released in done.released:
-            pending = self._pending.get(released.slot)
-            if pending is not None:
-                pending.request.release_flags = released.flags
+            request = self._pending.get(released.slot)
+            if request is not None:
+                request.release_flags = released.flags
         for slot in done.unstarted:  # cancelled while the batch waited in the process
-            pending = self._pending.get(slot)
-            if pending is not None:
-                pending.final = True
-                end_unstarted(pending.request)
+            request = self._pending.get(slot)
+            if request is not None:
+                self._finished.add(slot)
+                end_unstarted(request)
 
     def _next_begins(self) -> None:
         """The batch after the one just done begins now (the process runs them in order)."""
@@ -352,11 +356,10 @@ class ProcessInstance:
 
     def request_in(self, slot: int) -> AdmittedRequest | None:
         """The request the child holds in ``slot``, if any (BLS calls name their parent)."""
-        pending = self._pending.get(slot)
-        return None if pending is None else pending.request
+        return self._pending.get(slot)
 
     def _release(self, slot: int) -> None:
-        self._flags.release(slot, self._pending.pop(slot).request.cancellation)
+        self._flags.release(slot, self._pending.pop(slot).cancellation)
 
     # -- calls the child makes -------------------------------------------------
     def _start_call(self, call: msg.Call) -> None:
@@ -364,7 +367,7 @@ class ProcessInstance:
         if call.call_id in self._calls:
             raise FrameError(f"call {call.call_id} was started twice")
         buffers = self._reader.unpack_buffers(call.buffers)
-        parents = [self._pending[s].request for s in call.parents if s in self._pending]
+        parents = [self._pending[s] for s in call.parents if s in self._pending]
         context = CallContext(self, call.call_id, parents, self._send_reply,
                               Cancellation(self._loop))
         task = self._loop.create_task(self._run_call(context, call.kind, call.payload, buffers))
@@ -435,9 +438,11 @@ class ProcessInstance:
             return
         self.alive = False
         error = self.crash_error()
-        for pending in self._pending.values():
-            self._fail([pending.request], error)
+        for request in self._pending.values():
+            self._fail([request], error)
         self._pending.clear()
+        self._finished.clear()
+        self._returned.clear()
         batches, self._batches = self._batches, {}
         for entry in batches.values():
             self._on_done(self, entry.batch, time.monotonic_ns() - entry.started, [])

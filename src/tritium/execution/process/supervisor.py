@@ -213,7 +213,7 @@ class SupervisedInstance:
             if flight is not None:
                 flight.disarm()
         # Stopping: nothing to restart, the slot's state no longer matters.
-        if self._stopping or (process is self._process and self._up and process.alive):
+        if self._stopping or (process.alive and process is self._process and self._up):
             self._on_done(self, batch, exec_ns, woken)
             return
         # Its process is dead: the answers go out now, the slot comes back once restarted.
