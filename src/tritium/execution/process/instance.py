@@ -286,8 +286,10 @@ class ProcessInstance:
         else:
             assert self._reader is not None
             tensors = body.tensors or EMPTY
-            response = InferenceResponse(outputs=self._reader.unpack(tensors),
-                                         parameters=body.parameters or {}, final=body.final)
+            # Positional (outputs, parameters, error, final): keywords would build a dict
+            # for the class call, once for every response.
+            response = InferenceResponse(self._reader.unpack(tensors), body.parameters or {},
+                                         None, body.final)
         try:
             request.stream.send_nowait(response)
         except StreamClosedError:
