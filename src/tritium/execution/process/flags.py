@@ -36,7 +36,6 @@ class FlagTable:
         self._mm = mmap.mmap(self.fd, slots)
         self._free = list(range(slots - 1, -1, -1))
         self._held: dict[Cancellation, int] = {}  # the slot each cancellation holds
-        self._on_cancel = self._set  # one bound method for every request, not a closure each
 
     def acquire(self, cancellation: Cancellation) -> int:
         """A cleared slot that follows ``cancellation`` from now on; -1 when none is free."""
@@ -46,7 +45,7 @@ class FlagTable:
         slot = free.pop()
         self._mm[slot] = 0
         self._held[cancellation] = slot
-        cancellation.add_callback(self._on_cancel)
+        cancellation.add_callback(self._set)  # a bound method, not a closure of three cells
         return slot
 
     def release(self, slot: int, cancellation: Cancellation) -> None:
@@ -60,9 +59,11 @@ class FlagTable:
             self._mm[slot] = _CODES[cancellation.reason]
 
     def close(self) -> None:
-        """The memfd and the mapping's own descriptor (mmap keeps a duplicate), now."""
+        """The memfd and the mapping's own descriptor (mmap keeps a duplicate), now; and
+        the requests still held (their callbacks name this table: no cycle is left)."""
         os.close(self.fd)
         self._mm.close()
+        self._held.clear()
 
 
 class FlagView:
