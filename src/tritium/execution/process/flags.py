@@ -3,10 +3,12 @@
 The server owns the table: it gives each request it sends to an instance process a slot,
 clears it, and writes the cancel reason's code into it the moment the request's
 ``Cancellation`` fires (a callback on the loop). The child only reads its byte.
-A cancellation is one request's, so it holds one slot at a time; its callback stays
-registered once the slot is given back (removing it would cost every request more than
-this look-up costs a cancelled one), and then finds no slot to set: a late callback cannot
-flip the slot's next user.
+A cancellation is one request's, so it follows one slot: the slot its request was last
+given (a request run again, rescheduled, takes a new one). Its callback stays registered
+once the slot is given back (removing it would cost every request more than this look-up
+costs a cancelled one), and then finds no slot to set: a late callback cannot flip the
+slot's next user. (A bound method and a look-up cost less than a closure or a partial
+with a generation per slot, measured.)
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ class FlagTable:
         slot = free.pop()
         self._mm[slot] = 0
         self._held[cancellation] = slot
-        cancellation.add_callback(self._set)  # a bound method, not a closure of three cells
+        cancellation.add_callback(self._set)
         return slot
 
     def release(self, slot: int, cancellation: Cancellation) -> None:
         """``cancellation`` gives its ``slot`` back (it no longer sets it)."""
-        self._held.pop(cancellation, None)
+        held = self._held
+        if held.get(cancellation) == slot:  # not a slot it was given again since
+            del held[cancellation]
         self._free.append(slot)
 
     def _set(self, cancellation: Cancellation) -> None:
