@@ -19,8 +19,8 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.e2e.leaving_http import body, close
-from tests.e2e.observe import Records
+from tests.e2e.leaving_http import body, close, read_response
+from tests.e2e.observe import Records, metric, wait_for_metric
 from tests.server_process import TritiumProcess
 from tests.zoo import ALL_DATATYPES, DECOUPLED, _parameter, _tensor, add_model
 
@@ -275,6 +275,45 @@ def test_cancel_reaches_a_polling_model_in_its_process(server: TritiumProcess,
     stopped = records.wait_for(rid, "cancelled", timeout=30)
     assert stopped - left < 1.0
     assert "done" not in records.events(rid)
+
+
+def _send_slow(server: TritiumProcess, rid: str, seconds: float) -> socket.socket:
+    payload = body("infer", rid, {"INPUT0": seconds})
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    sock.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\n"
+                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return sock
+
+
+def test_a_request_cancelled_while_waiting_at_its_process_never_runs(
+        server: TritiumProcess, record_dir: Path) -> None:
+    """A second request is handed to the process while the first runs (it waits there,
+    counted pending); its client leaves: the process skips it, its slot comes back, and
+    the instance goes on serving."""
+    records = Records(record_dir / "slow.jsonl")
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
+    first, second = f"running-{tag}", f"waiting-{tag}"
+    running = _send_slow(server, first, 1.5)
+    records.wait_for(first, "start", timeout=30)
+    before = metric(server.metrics_url, "nv_inference_pending_request_count", model="slow")
+    waiting = _send_slow(server, second, 0.0)
+    wait_for_metric(server.metrics_url, "nv_inference_pending_request_count", before + 1,
+                    timeout=30, model="slow")
+    close(waiting)
+    records.wait_for(first, "done", timeout=30)
+    head, _ = read_response(running)
+    close(running)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([0.0], dtype=np.float32))
+    after = f"after-{tag}"
+    assert client.infer("slow", [tensor], request_id=after).as_numpy("OUTPUT0")[0] == 0.0
+    assert records.events(second) == []  # never reached execute
+    assert records.events(after) == ["start", "done"]
+    wait_for_metric(server.metrics_url, "nv_inference_pending_request_count", before,
+                    timeout=30, model="slow")
 
 
 def _big_infer(url: str, model: str, data: np.ndarray) -> tuple[float, np.ndarray]:

@@ -202,6 +202,25 @@ def test_buffers_round_trip(arena: tuple[ArenaWriter, ArenaReader]) -> None:
     assert [bytes(b) for b in buffers] == [b"abc", b"\x00" * 1000]
 
 
+def test_a_request_given_a_slot_again_keeps_its_flag_following_the_new_one() -> None:
+    """A rescheduled request takes a new slot while its old one may still be held: giving
+    the old one back later does not stop the new one from following its cancel."""
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        table = FlagTable(8)
+        view = FlagView(table.fd, 8)
+        cancellation = Cancellation(loop)
+        old = table.acquire(cancellation)
+        new = table.acquire(cancellation)
+        table.release(old, cancellation)
+        cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)
+        assert view.cancellation(new).reason is CancelReason.CLIENT_DISCONNECTED
+        assert not view.cancellation(old).is_cancelled()
+        table.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_cancel_flips_the_childs_flag_at_once() -> None:
     """The flag is set by the cancellation's own callback on the loop: the child reads it
     without any message; a slot given back ignores its old request's later cancel."""
@@ -215,12 +234,12 @@ def test_a_cancel_flips_the_childs_flag_at_once() -> None:
         assert not child.is_cancelled() and child.reason is None
         first.cancel(CancelReason.CLIENT_CANCELLED)
         assert child.is_cancelled() and child.reason is CancelReason.CLIENT_CANCELLED
-        table.release(slot)
+        table.release(slot, first)
         reused = table.acquire(second)
         assert reused == slot and not view.cancellation(reused).is_cancelled()
         late = Cancellation(loop)
         old = table.acquire(late)
-        table.release(old)
+        table.release(old, late)
         taken = table.acquire(Cancellation(loop))
         late.cancel(CancelReason.DEADLINE)  # after its slot went to another request
         assert not view.cancellation(taken).is_cancelled()

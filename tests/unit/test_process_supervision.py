@@ -276,6 +276,10 @@ class ScriptedProcess:
         if self.fail_start:
             raise TritiumError(ErrorCode.INTERNAL, "initialize failed")
 
+    @property
+    def alive(self) -> bool:
+        return self.returncode is None
+
     def submit(self, batch: list[AdmittedRequest]) -> None:
         self.batches.append(batch)
 

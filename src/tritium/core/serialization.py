@@ -11,6 +11,10 @@ import numpy as np
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.types import DataType, Tensor
 
+# Read on every request through a module global: on Python 3.11 ``DataType.BYTES`` goes
+# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+_BYTES = DataType.BYTES
+
 Buffer = bytes | bytearray | memoryview
 
 _LENGTH = struct.Struct("<I")
@@ -131,7 +135,7 @@ def array_from_binary(
     The caller has checked a fixed-size type's byte count (each frontend words that error
     its own way); BYTES are checked here, ``what`` and ``prefix`` as for split_length_prefixed.
     """
-    if datatype is DataType.BYTES:
+    if datatype is _BYTES:
         return bytes_from_binary(data, count, what, prefix)
     return np.frombuffer(data, dtype=datatype.numpy)
 
@@ -147,7 +151,7 @@ def bytes_array(elements: Sequence[bytes]) -> np.ndarray:
 def tensor_bytes(tensor: Tensor) -> bytes | memoryview:
     """The tensor in the binary layout: raw little-endian values, or length-prefixed BYTES."""
     datatype = tensor.datatype
-    if datatype is DataType.BYTES:
+    if datatype is _BYTES:
         return serialize_bytes(tensor.data)
     array = tensor.data
     if array.dtype != datatype.numpy:  # the usual array is already right: no call for it

@@ -90,6 +90,15 @@ class ParentChannel:
             self._flush_pending = True
             self._loop.call_soon(self._flush)
 
+    def send_now(self, message: Any) -> None:
+        """``send``, written at once with the frames still waiting for this iteration's
+        write: for a frame the child is idle waiting for, which nothing else would join
+        (one write, without a callback to schedule and run)."""
+        if self.closed:
+            return
+        encode_onto(message, self._outgoing)
+        self._flush()
+
     def _flush(self) -> None:
         self._flush_pending = False
         if self.closed or not self._outgoing:

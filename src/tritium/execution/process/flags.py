@@ -3,8 +3,12 @@
 The server owns the table: it gives each request it sends to an instance process a slot,
 clears it, and writes the cancel reason's code into it the moment the request's
 ``Cancellation`` fires (a callback on the loop). The child only reads its byte.
-A slot carries a generation on the server side, so a late callback of a request that
-already gave its slot back cannot flip the slot's next user.
+A cancellation is one request's, so it follows one slot: the slot its request was last
+given (a request run again, rescheduled, takes a new one). Its callback stays registered
+once the slot is given back (removing it would cost every request more than this look-up
+costs a cancelled one), and then finds no slot to set: a late callback cannot flip the
+slot's next user. (A bound method and a look-up cost less than a closure or a partial
+with a generation per slot, measured.)
 """
 
 from __future__ import annotations
@@ -33,31 +37,37 @@ class FlagTable:
         os.ftruncate(self.fd, slots)
         self._mm = mmap.mmap(self.fd, slots)
         self._free = list(range(slots - 1, -1, -1))
-        self._generation = [0] * slots
+        self._held: dict[Cancellation, int] = {}  # the slot each cancellation holds
 
     def acquire(self, cancellation: Cancellation) -> int:
         """A cleared slot that follows ``cancellation`` from now on; -1 when none is free."""
-        if not self._free:
+        free = self._free
+        if not free:
             return -1
-        slot = self._free.pop()
+        slot = free.pop()
         self._mm[slot] = 0
-        generation = self._generation[slot]
-        cancellation.add_callback(lambda c: self._set(slot, generation, c))
+        self._held[cancellation] = slot
+        cancellation.add_callback(self._set)
         return slot
 
-    def release(self, slot: int) -> None:
-        self._generation[slot] += 1
+    def release(self, slot: int, cancellation: Cancellation) -> None:
+        """``cancellation`` gives its ``slot`` back (it no longer sets it)."""
+        held = self._held
+        if held.get(cancellation) == slot:  # not a slot it was given again since
+            del held[cancellation]
         self._free.append(slot)
 
-    def _set(self, slot: int, generation: int, cancellation: Cancellation) -> None:
-        if (self._generation[slot] == generation and cancellation.reason is not None
-                and not self._mm.closed):
+    def _set(self, cancellation: Cancellation) -> None:
+        slot = self._held.get(cancellation)
+        if slot is not None and cancellation.reason is not None and not self._mm.closed:
             self._mm[slot] = _CODES[cancellation.reason]
 
     def close(self) -> None:
-        """The memfd and the mapping's own descriptor (mmap keeps a duplicate), now."""
+        """The memfd and the mapping's own descriptor (mmap keeps a duplicate), now; and
+        the requests still held (their callbacks name this table: no cycle is left)."""
         os.close(self.fd)
         self._mm.close()
+        self._held.clear()
 
 
 class FlagView:

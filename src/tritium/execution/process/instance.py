@@ -71,18 +71,6 @@ def default_command(info: InstanceInfo) -> list[str]:
     return [sys.executable, "-m", LAUNCH_MODULE]
 
 
-class _Pending:
-    """A request the child holds: its slot is given back once its final response came
-    and its execute returned (a decoupled model may answer after returning)."""
-
-    __slots__ = ("batch_done", "final", "request")
-
-    def __init__(self, request: AdmittedRequest) -> None:
-        self.request = request
-        self.final = False
-        self.batch_done = False
-
-
 class _Batch:
     __slots__ = ("batch", "slots", "started", "traced", "waiting")
 
@@ -123,12 +111,20 @@ class ProcessInstance:
         self._ready: asyncio.Future[None] = loop.create_future()
         self._channel: ParentChannel | None = None
         self._flags = FlagTable()
-        self._pending: dict[int, _Pending] = {}
+        # The requests the child holds, by slot. A slot is given back once the request's
+        # final response came and its execute returned (a decoupled model may answer
+        # after returning): ``_finished`` holds those whose final came first, ``_returned``
+        # those whose execute returned first.
+        self._pending: dict[int, AdmittedRequest] = {}
+        self._finished: set[int] = set()
+        self._returned: set[int] = set()
         self._batches: dict[int, _Batch] = {}
         self._calls: dict[int, tuple[CallContext, asyncio.Task[None]]] = {}
         self._writer: ArenaWriter | None = None
         self._reader: ArenaReader | None = None
-        self._dead = False
+        # False from the moment the child is known gone (end of file or exit), before
+        # ``exited`` resolves: the supervisor must not hand the slot back before then.
+        self.alive = True
         self._stopping = False
 
     # -- lifecycle -----------------------------------------------------------
@@ -164,13 +160,9 @@ class ProcessInstance:
         await asyncio.shield(self._ready)
 
     def submit(self, batch: list[AdmittedRequest]) -> None:
-        if self._dead or self._channel is None:
-            for request in batch:
-                if request.cancellation.reason is not None:
-                    end_unstarted(request)
-                else:
-                    self._fail([request], self.crash_error())
-            self._loop.call_soon(self._on_done, self, batch, -1, [])
+        channel = self._channel
+        if not self.alive or channel is None:
+            self._refuse(batch)
             return
         assert self._writer is not None
         descs: list[msg.RequestDesc] = []
@@ -179,15 +171,16 @@ class ProcessInstance:
         traced = False
         pending, flags = self._pending, self._flags
         for request in batch:  # one pass: every request of a small batch crosses
-            if request.cancellation.reason is not None:
+            cancellation = request.cancellation
+            if cancellation.reason is not None:
                 end_unstarted(request)
                 continue
-            slot = flags.acquire(request.cancellation)
+            slot = flags.acquire(cancellation)
             if slot < 0:
                 self._fail([request], TritiumError(ErrorCode.UNAVAILABLE, (
                     f"instance {self.name} holds {flags.slots} requests already")))
                 continue
-            pending[slot] = _Pending(request)
+            pending[slot] = request
             slots.append(slot)
             core = request.request
             inputs = core.inputs.values()
@@ -204,7 +197,7 @@ class ProcessInstance:
             packed = self._writer.pack(tensors)
         except TritiumError as exc:  # too large for the arena and for a frame
             for slot in slots:
-                self._fail([pending[slot].request], exc)
+                self._fail([pending[slot]], exc)
                 self._release(slot)
             slots.clear()
         if not slots:
@@ -213,15 +206,28 @@ class ProcessInstance:
         batch_id = next(_batch_ids)
         behind = bool(self._batches)  # it waits at the process until those are done
         entry = self._batches[batch_id] = _Batch(batch, slots, traced)
-        self._channel.send(msg.Execute(batch_id, descs, packed))
+        execute = msg.Execute(batch_id, descs, packed)
+        if behind:  # batches sent in the same iteration of the loop leave in one write
+            channel.send(execute)
+        else:  # the process is idle: it starts at once (the next ones follow together)
+            channel.send_now(execute)
         if traced and not behind:
             _compute_started(entry, entry.started)
         entry.waiting = behind
 
+    def _refuse(self, batch: list[AdmittedRequest]) -> None:
+        """A batch for a process that is gone: answered at once, reported done soon."""
+        for request in batch:
+            if request.cancellation.reason is not None:
+                end_unstarted(request)
+            else:
+                self._fail([request], self.crash_error())
+        self._loop.call_soon(self._on_done, self, batch, -1, [])
+
     def stop(self) -> None:
         """Ask the process to finalize the model and exit; see ``wait_stopped``."""
         self._stopping = True
-        if self._channel is not None and not self._dead:
+        if self._channel is not None and self.alive:
             self._channel.send(msg.Stop())
 
     async def wait_stopped(self) -> None:
@@ -232,12 +238,6 @@ class ProcessInstance:
     def exited(self) -> asyncio.Future[int]:
         """Resolves with the exit status once the process is gone, however it ended."""
         return self._exited
-
-    @property
-    def alive(self) -> bool:
-        """False from the moment the child is known gone (end of file or exit), before
-        ``exited`` resolves: the supervisor must not hand the slot back before then."""
-        return not self._dead
 
     def kill(self) -> None:
         """End the instance process and everything it started, at once (the guardian
@@ -275,8 +275,9 @@ class ProcessInstance:
             raise FrameError(f"an instance process does not send {kind.__name__}")
 
     def _deliver(self, body: msg.ResponseBody) -> None:
-        pending = self._pending.get(body.slot)
-        if pending is None:
+        slot = body.slot
+        request = self._pending.get(slot)
+        if request is None:
             return
         if body.flag_only:
             response = InferenceResponse.final_flag()
@@ -285,55 +286,67 @@ class ProcessInstance:
         else:
             assert self._reader is not None
             tensors = body.tensors or EMPTY
-            response = InferenceResponse(outputs=self._reader.unpack(tensors),
-                                         parameters=body.parameters or {}, final=body.final)
+            # Positional (outputs, parameters, error, final): keywords would build a dict
+            # for the class call, once for every response.
+            response = InferenceResponse(self._reader.unpack(tensors), body.parameters or {},
+                                         None, body.final)
         try:
-            pending.request.stream.send_nowait(response)
+            request.stream.send_nowait(response)
         except StreamClosedError:
             log.error("instance %s: a response after the final one was dropped", self.name)
         if body.final:
-            pending.final = True
-            if pending.batch_done:
-                self._release(body.slot)
+            returned = self._returned
+            if slot in returned:
+                returned.discard(slot)
+                self._release(slot)
+            else:
+                self._finished.add(slot)
 
     def _done(self, done: msg.Done) -> None:
         if done.released or done.unstarted:
             self._settle_requests(done)
-        entry = self._batches.get(done.batch_id)
+        batches = self._batches
+        entry = batches.pop(done.batch_id, None)
         traces = traces_of(entry.batch) if entry is not None and entry.traced else None
         if traces is not None:
             record(traces, COMPUTE_OUTPUT_START, time.monotonic_ns())
+        if entry is not None:
+            self._returned.update(entry.slots)  # a final response among these ends its slot
         # The responses execute returned wake when on_done says (as an instance thread's
         # do: the scheduler may hold them back to keep the dispatch order).
         with DeferredWakes() as woken:
             for body in done.responses:
                 self._deliver(body)
-        entry = self._batches.pop(done.batch_id, None)
-        if self._batches:
+        if batches:
             self._next_begins()
         if entry is None:
             wake_all(woken)
             return
         if traces is not None:
             record(traces, COMPUTE_END, time.monotonic_ns())
-        for slot in entry.slots:
-            pending = self._pending.get(slot)
-            if pending is not None:
-                pending.batch_done = True
-                if pending.final:
-                    self._release(slot)
+        if self._finished:
+            self._release_finished(entry.slots)
         self._on_done(self, entry.batch, done.elapsed_ns, woken)
+
+    def _release_finished(self, slots: list[int]) -> None:
+        """Of a batch whose execute returned, the slots whose final response came before."""
+        finished, returned = self._finished, self._returned
+        for slot in slots:
+            if slot in finished:
+                finished.discard(slot)
+                returned.discard(slot)
+                self._release(slot)
 
     def _settle_requests(self, done: msg.Done) -> None:
         for released in done.released:
-            pending = self._pending.get(released.slot)
-            if pending is not None:
-                pending.request.release_flags = released.flags
+            request = self._pending.get(released.slot)
+            if request is not None:
+                request.release_flags = released.flags
         for slot in done.unstarted:  # cancelled while the batch waited in the process
-            pending = self._pending.get(slot)
-            if pending is not None:
-                pending.final = True
-                end_unstarted(pending.request)
+            request = self._pending.get(slot)
+            if request is not None:
+                self._finished.add(slot)
+                end_unstarted(request)
 
     def _next_begins(self) -> None:
         """The batch after the one just done begins now (the process runs them in order)."""
@@ -345,12 +358,10 @@ class ProcessInstance:
 
     def request_in(self, slot: int) -> AdmittedRequest | None:
         """The request the child holds in ``slot``, if any (BLS calls name their parent)."""
-        pending = self._pending.get(slot)
-        return None if pending is None else pending.request
+        return self._pending.get(slot)
 
     def _release(self, slot: int) -> None:
-        del self._pending[slot]
-        self._flags.release(slot)
+        self._flags.release(slot, self._pending.pop(slot).cancellation)
 
     # -- calls the child makes -------------------------------------------------
     def _start_call(self, call: msg.Call) -> None:
@@ -358,7 +369,7 @@ class ProcessInstance:
         if call.call_id in self._calls:
             raise FrameError(f"call {call.call_id} was started twice")
         buffers = self._reader.unpack_buffers(call.buffers)
-        parents = [self._pending[s].request for s in call.parents if s in self._pending]
+        parents = [self._pending[s] for s in call.parents if s in self._pending]
         context = CallContext(self, call.call_id, parents, self._send_reply,
                               Cancellation(self._loop))
         task = self._loop.create_task(self._run_call(context, call.kind, call.payload, buffers))
@@ -382,7 +393,7 @@ class ProcessInstance:
 
     def _send_reply(self, call_id: int, payload: object, buffers: Sequence[Any],
                     final: bool) -> None:
-        if self._channel is None or self._dead:
+        if self._channel is None or not self.alive:
             return
         assert self._writer is not None
         packed = self._writer.pack_buffers(buffers) if buffers else EMPTY
@@ -425,13 +436,15 @@ class ProcessInstance:
 
     def _gone(self) -> None:
         """The child is gone: what it held fails now, every batch is reported done."""
-        if self._dead:
+        if not self.alive:
             return
-        self._dead = True
+        self.alive = False
         error = self.crash_error()
-        for pending in self._pending.values():
-            self._fail([pending.request], error)
+        for request in self._pending.values():
+            self._fail([request], error)
         self._pending.clear()
+        self._finished.clear()
+        self._returned.clear()
         batches, self._batches = self._batches, {}
         for entry in batches.values():
             self._on_done(self, entry.batch, time.monotonic_ns() - entry.started, [])

@@ -59,12 +59,10 @@ class InstanceProcess(Protocol):
     async def wait_stopped(self) -> None: ...
     def exited(self) -> Awaitable[int]: ...
     def kill(self) -> None: ...
-
-
-def _alive(process: InstanceProcess) -> bool:
-    """False once the process kind knows its child is gone (``alive``: end of file on the
-    link comes before the exit status, and before ``exited`` resolves)."""
-    return bool(getattr(process, "alive", process.returncode is None))
+    @property
+    def alive(self) -> bool:
+        """False once the child is known gone (end of file on the link comes before the
+        exit status, and before ``exited`` resolves)."""
 
 
 # (the process reporting, batch, execute nanoseconds or -1, streams to wake)
@@ -90,7 +88,7 @@ def kill_after_cancel_secs(config: Any) -> float | None:
 
 
 class _Flight:
-    """A batch handed to the current process and not reported done yet."""
+    """The kill-after-cancel watch of a batch in flight (only where the option is set)."""
 
     __slots__ = ("batch", "follow", "timer")
 
@@ -128,7 +126,9 @@ class SupervisedInstance:
         self._process: InstanceProcess | None = None
         self._up = False
         self._stopping = False
-        self._flights: dict[int, _Flight] = {}
+        # Batches handed to the current process and not reported done yet, by id.
+        self._flights: dict[int, list[AdmittedRequest]] = {}
+        self._armed: dict[int, _Flight] = {}  # their kill-after-cancel watches, by batch id
         # Dones of batches that died with a process: reported once a new one is up.
         self._deferred: list[tuple[list[AdmittedRequest], int]] = []
         self._waiting: list[list[AdmittedRequest]] = []  # submitted while none was up
@@ -140,7 +140,7 @@ class SupervisedInstance:
     @property
     def ready(self) -> bool:
         """A process is up and serving (False from the moment its death is known)."""
-        return self._up and self._process is not None and _alive(self._process)
+        return self._up and self._process is not None and self._process.alive
 
     @property
     def pid(self) -> int | None:
@@ -181,9 +181,9 @@ class SupervisedInstance:
             # The spare place of a process that died: the batch waits for the next one.
             self._waiting.append(batch)
             return
-        flight = self._flights[id(batch)] = _Flight(batch)
+        self._flights[id(batch)] = batch
         if self._kill_after is not None:
-            self._arm(flight)
+            self._arm(batch)
         process.submit(batch)
 
     def stop(self) -> None:
@@ -205,12 +205,15 @@ class SupervisedInstance:
     # -- dones -------------------------------------------------------------------
     def _process_done(self, process: Any, batch: list[AdmittedRequest], exec_ns: int,
                       woken: list[ResponseStream]) -> None:
-        flight = self._flights.pop(id(batch), None)
-        if flight is None:
+        key = id(batch)
+        if self._flights.pop(key, None) is None:
             return  # swept up at its process's death already
-        flight.disarm()
-        stopping = self._stopping  # nothing to restart: the slot's state no longer matters
-        if stopping or (process is self._process and self._up and _alive(self._process)):
+        if self._armed:
+            flight = self._armed.pop(key, None)
+            if flight is not None:
+                flight.disarm()
+        # Stopping: nothing to restart, the slot's state no longer matters.
+        if self._stopping or (process.alive and process is self._process and self._up):
             self._on_done(self, batch, exec_ns, woken)
             return
         # Its process is dead: the answers go out now, the slot comes back once restarted.
@@ -302,12 +305,13 @@ class SupervisedInstance:
 
     def _sweep(self) -> None:
         """Answer and set aside what the dead process left in flight."""
-        flights = list(self._flights.values())
+        batches = list(self._flights.values())
         self._flights.clear()
-        for flight in flights:
+        for flight in self._armed.values():
             flight.disarm()
-        self._fail([flight.batch for flight in flights])
-        self._deferred.extend((flight.batch, -1) for flight in flights)
+        self._armed.clear()
+        self._fail(batches)
+        self._deferred.extend((batch, -1) for batch in batches)
 
     def _fail(self, batches: list[list[AdmittedRequest]],
               error: TritiumError | None = None) -> None:
@@ -327,20 +331,20 @@ class SupervisedInstance:
                   f" ({cause})" if cause else "", delay)
 
     # -- kill after a cancellation's grace period ------------------------------------
-    def _arm(self, flight: _Flight) -> None:
-        batch = flight.batch
+    def _arm(self, batch: list[AdmittedRequest]) -> None:
+        flight = self._armed[id(batch)] = _Flight(batch)
         follow = Cancellation.following(self._loop, [r.cancellation for r in batch])
         flight.follow = follow
         follow.add_callback(lambda _c: self._start_grace(flight))
 
     def _start_grace(self, flight: _Flight) -> None:
-        if self._flights.get(id(flight.batch)) is not flight or self._kill_after is None:
+        if self._armed.get(id(flight.batch)) is not flight or self._kill_after is None:
             return
         flight.timer = self._loop.call_later(self._kill_after, self._kill_for, flight)
 
     def _kill_for(self, flight: _Flight) -> None:
         process = self._process
-        if self._flights.get(id(flight.batch)) is not flight or process is None:
+        if self._armed.get(id(flight.batch)) is not flight or process is None:
             return
         self._kill_cause = (f"killed by tritium: execute() had not returned "
                             f"{self._kill_after:g} s after its request(s) were cancelled, "

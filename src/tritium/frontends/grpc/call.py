@@ -18,6 +18,11 @@ from tritium.frontends.grpc.status import GrpcStatus
 from tritium.frontends.grpc.windows import RecvWindow, SendWindow
 from tritium.frontends.grpc.wire import length_prefixed
 
+# Read on every request through a module global: on Python 3.11 ``CallState.OPEN`` goes
+# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+_OPEN = CallState.OPEN
+_CLOSED = CallState.CLOSED
+
 if TYPE_CHECKING:
     from tritium.frontends.grpc.connection import GrpcConnection
 
@@ -123,7 +128,7 @@ class Call:
         self.headers = headers  # the request's header fields, names in lower case
         # Owned by the call: the transport cancels it with the reason the call ended early.
         self.cancellation = cancellation
-        self.state = CallState.OPEN
+        self.state = _OPEN
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.deadline: float | None = None
@@ -155,7 +160,7 @@ class Call:
     async def drain(self) -> None:
         """Wait while the peer or the socket is not taking this call's bytes."""
         conn = self.conn
-        while self.state is not CallState.CLOSED and (self.pending or conn.write_paused):
+        while self.state is not _CLOSED and (self.pending or conn.write_paused):
             await conn.wait_writable()
 
     async def requests(self) -> AsyncIterator[Any]:
@@ -164,7 +169,7 @@ class Call:
         while True:
             if self.messages:
                 yield await self.conn.take_message(self)
-            elif self.state is not CallState.OPEN:
+            elif self.state is not _OPEN:
                 return
             else:
                 self.waiter = asyncio.get_running_loop().create_future()

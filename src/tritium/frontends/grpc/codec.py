@@ -37,6 +37,11 @@ from tritium.core.types import DataType, Tensor
 from tritium.core.validation import check_input, element_count
 from tritium.frontends.grpc import shared_memory as shm
 
+# Read on every request through a module global: on Python 3.11 ``DataType.BYTES`` goes
+# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+_BYTES = DataType.BYTES
+_from_wire = DataType.from_wire
+
 FINAL_KEY = "triton_final_response"
 EMPTY_FINAL_KEY = "triton_enable_empty_final_response"
 _INT64_MAX = (1 << 63) - 1
@@ -160,7 +165,7 @@ def _decode_inputs(
         region = (shm.input_slice(item, message.model_name, shared_memory) if item.parameters
                   else None)
         wire = item.datatype
-        datatype = DataType.from_wire(wire)
+        datatype = _from_wire(wire)
         if datatype is None:
             raise invalid(f"invalid datatype '{wire}' for input '{name}'")
         shape = tuple(item.shape[:])
@@ -191,7 +196,7 @@ def _decode_inputs(
             pending.append((name, datatype, shape, count, None, values))
             inputs[name] = _UNDECODED  # holds the input's place in the order
             continue
-        if datatype is not DataType.BYTES and len(data) == count * datatype.itemsize:
+        if datatype is not _BYTES and len(data) == count * datatype.itemsize:
             inputs[name] = Tensor(name, datatype, shape,
                                   np.frombuffer(data, dtype=datatype.numpy).reshape(shape))
         else:
@@ -256,7 +261,7 @@ def _tensor_from_checked_raw(name: str, datatype: DataType, shape: tuple[int, ..
 def _check_raw_size(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
                     raw: Sized) -> None:
     expected = count * datatype.itemsize
-    if datatype is not DataType.BYTES and len(raw) != expected:
+    if datatype is not _BYTES and len(raw) != expected:
         raise invalid(
             f"input byte size mismatch for input '{name}': expected {expected} bytes "
             f"for shape {list(shape)}, got {len(raw)}"
@@ -319,7 +324,7 @@ def _tensor_from_values(name: str, datatype: DataType, shape: tuple[int, ...],
 
 
 def _typed_array(name: str, datatype: DataType, values: Sequence[Any]) -> np.ndarray:
-    if datatype is DataType.BYTES:
+    if datatype is _BYTES:
         return bytes_array(list(values))
     wide = np.array(values, dtype=_WIDE.get(datatype, datatype.numpy))
     if datatype not in _WIDE:

@@ -56,6 +56,11 @@ from tritium.frontends.grpc.wire import (
     trailers_block,
 )
 
+# Read on every request through a module global: on Python 3.11 ``CallState.HALF_CLOSED`` goes
+# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+_HALF_CLOSED = CallState.HALF_CLOSED
+_CLOSED = CallState.CLOSED
+
 # A client's own deadline resets the stream a little before this side's copy of it runs out
 # (that one started counting only when the headers arrived).
 DEADLINE_SLACK_S = 0.1
@@ -169,7 +174,7 @@ class GrpcConnection(ConnectionLife):
         its OK end. The usual reply (the request is whole, nothing was sent yet, the message
         fits one frame and the windows) goes out and closes the call in one step, with the
         frames and bookkeeping of ``outbox.data`` and ``finish`` (a unit test runs both)."""
-        if call.state is not CallState.HALF_CLOSED or \
+        if call.state is not _HALF_CLOSED or \
                 not self.outbox.whole_reply(call, pieces, size):
             self.outbox.data(call, message_of(pieces, size))
             self.flood.data_sent()
@@ -226,7 +231,7 @@ class GrpcConnection(ConnectionLife):
                 call.wake()
             self.outbox.trailers(call, trailers)  # FLUSHED follows once the queue is out
             return
-        if state is not CallState.CLOSED:
+        if state is not _CLOSED:
             return
         if event is CallEvent.FLUSHED and before not in CLIENT_DONE and not self.closed:
             # RFC 9113 §8.1: a complete response may be followed by RST_STREAM(NO_ERROR) so
@@ -261,7 +266,7 @@ class GrpcConnection(ConnectionLife):
         except IllegalMove:
             self.stream_error(call, H2Error.STREAM_CLOSED)
             return
-        if call.state is CallState.HALF_CLOSED:
+        if call.state is _HALF_CLOSED:
             if call.rpc.unary is not None:
                 serving.dispatch_unary(self, call)
             else:

@@ -54,6 +54,13 @@ class _Progress(enum.Enum):
     COMPLETE = "whole response queued"
 
 
+# Members read on every request through module globals: on Python 3.11 ``_Progress.NONE``
+# goes through EnumType's Python-level __getattr__ hook, some ten times a global read.
+_NONE = _Progress.NONE
+_STREAMING = _Progress.STREAMING
+_COMPLETE = _Progress.COMPLETE
+
+
 def encode_head(status: int, headers: list[tuple[str, str]], tail: str) -> bytes:
     """Status line, the app's headers, the transport's own (``tail``), then the blank line."""
     head = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n"
@@ -99,20 +106,20 @@ class HttpExchange:
         self.cancellation = cancellation
         self.disconnected = False
         self._conn = conn
-        self._progress = _Progress.NONE
+        self._progress = _NONE
         self._chunked = True
 
     @property
     def responded(self) -> bool:
         """A complete response has been queued."""
-        return self._progress is _Progress.COMPLETE
+        return self._progress is _COMPLETE
 
     def respond(self, status: int, headers: list[tuple[str, str]], body: Body = b"") -> None:
         """Queue the whole response; the transport adds Content-Length and Connection."""
         # _advance, inline: this runs for every response.
-        if self._progress is not _Progress.NONE:
-            self._advance(_Progress.NONE, _Progress.COMPLETE)  # raises
-        self._progress = _Progress.COMPLETE
+        if self._progress is not _NONE:
+            self._advance(_NONE, _COMPLETE)  # raises
+        self._progress = _COMPLETE
         if self.disconnected:
             return
         request = self.request
@@ -135,7 +142,7 @@ class HttpExchange:
 
     def start_stream(self, status: int, headers: list[tuple[str, str]]) -> None:
         """Send a head whose body follows in chunks (to an HTTP/1.0 peer: unframed, then close)."""
-        self._advance(_Progress.NONE, _Progress.STREAMING)
+        self._advance(_NONE, _STREAMING)
         if self.disconnected:
             return
         if self.request.http_version == "1.0":
@@ -149,7 +156,7 @@ class HttpExchange:
 
     def write_chunk(self, data: bytes) -> None:
         """Send one piece of a streamed body now; an empty piece sends nothing."""
-        if self._progress is not _Progress.STREAMING:
+        if self._progress is not _STREAMING:
             raise RuntimeError(f"write_chunk() when the response has {self._progress.value}")
         if self.disconnected or not data:
             return
@@ -162,7 +169,7 @@ class HttpExchange:
 
     def end_stream(self) -> None:
         """Finish a streamed body."""
-        self._advance(_Progress.STREAMING, _Progress.COMPLETE)
+        self._advance(_STREAMING, _COMPLETE)
         if self.disconnected:
             return
         if self._chunked:
@@ -176,7 +183,7 @@ class HttpExchange:
 
     def respond_internal_error(self, message: str) -> None:
         """Answer 500 if no byte of a response was sent yet (for the transport's own use)."""
-        if self._progress is _Progress.NONE and not self.disconnected:
+        if self._progress is _NONE and not self.disconnected:
             self.respond(500, _JSON, orjson.dumps({"error": message}))
 
     def peer_left(self) -> None:
@@ -184,7 +191,7 @@ class HttpExchange:
         if self.disconnected:
             return
         self.disconnected = True
-        if self._progress is _Progress.COMPLETE:
+        if self._progress is _COMPLETE:
             return  # answered in full: nothing is left to stop
         try:
             self.cancellation.cancel(CancelReason.CLIENT_DISCONNECTED)

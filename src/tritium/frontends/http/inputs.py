@@ -20,6 +20,11 @@ from tritium.core.validation import check_input, element_count
 from tritium.frontends.http import shared_memory as shm
 from tritium.frontends.http.tensor_data import InputLabel, array_from_json, flatten_json
 
+# Read on every request through a module global: on Python 3.11 ``DataType.BYTES`` goes
+# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+_BYTES = DataType.BYTES
+_from_wire = DataType.from_wire
+
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 Body = bytes | bytearray | memoryview
@@ -122,7 +127,7 @@ def _plan_input(
     if type(name) is not str:
         raise field_error(item, "name", messages.JSON_NOT_STRING)
     wire = item.get("datatype")
-    datatype = DataType.from_wire(wire) if type(wire) is str else None
+    datatype = _from_wire(wire) if type(wire) is str else None
     if datatype is None:
         if type(wire) is not str:
             raise field_error(item, "datatype", messages.JSON_NOT_STRING)
@@ -141,7 +146,7 @@ def _plan_input(
             chunk = _shared_memory_chunk(params, shared_memory, datatype, count,
                                          InputLabel(name, model_name, request_id))
         # The size is compared first: it is what the usual input is refused or passed on.
-        if len(chunk) != count * datatype.itemsize and datatype is not DataType.BYTES:
+        if len(chunk) != count * datatype.itemsize and datatype is not _BYTES:
             raise _binary_size_error(InputLabel(name, model_name, request_id), datatype, count,
                                      chunk)
         return (name, datatype, shape, count, chunk, None)
@@ -154,7 +159,7 @@ def decode_input(plan: PlannedInput, model_name: str, request_id: str) -> Tensor
     """The tensor of an input ``plan_inputs`` checked (sizes included)."""
     name, datatype, shape, count, chunk, data = plan
     if chunk is not None:
-        if datatype is DataType.BYTES:
+        if datatype is _BYTES:
             array = array_from_binary(chunk, datatype, count,
                                       f"for inference input '{name}' for model '{model_name}'",
                                       f"[request id: {request_id}] ")
@@ -205,7 +210,7 @@ def _shape(value: Any) -> tuple[int, ...]:
 
 
 def _check_binary_size(label: InputLabel, datatype: DataType, count: int, chunk: Body) -> None:
-    if datatype is not DataType.BYTES and len(chunk) != count * datatype.itemsize:
+    if datatype is not _BYTES and len(chunk) != count * datatype.itemsize:
         raise _binary_size_error(label, datatype, count, chunk)
 
 
@@ -214,7 +219,7 @@ def _shared_memory_chunk(params: dict[str, Any], shared_memory: SharedMemoryRegi
     """The input's bytes, copied out of the client's region (which may change, or shrink,
     under us), its size checked before anything is read."""
     region = shm.input_slice(params, shared_memory)
-    if datatype is not DataType.BYTES and len(region) != count * datatype.itemsize:
+    if datatype is not _BYTES and len(region) != count * datatype.itemsize:
         raise _binary_size_error(label, datatype, count, region)
     return region.read()
 

@@ -44,6 +44,13 @@ class Phase(enum.Enum):
     BODY = "reading the body"
 
 
+# Members read on every request through module globals: on Python 3.11 ``Phase.BODY``
+# goes through EnumType's Python-level __getattr__ hook, some ten times a global read.
+_IDLE = Phase.IDLE
+_HEAD = Phase.HEAD
+_BODY = Phase.BODY
+
+
 class Rejection(Exception):
     """A request the transport answers itself (bad bytes, a limit) before closing."""
 
@@ -73,7 +80,7 @@ class RequestReader(asyncio.Protocol):
         self._method = self._version = ""
         self._keep_alive = True
         self.on_message_begin()  # gives the per-request fields their first values
-        self._phase = Phase.IDLE
+        self._phase = _IDLE
         self._raw_head_bytes = 0  # bytes received since the head began, parsed or not
 
     # -- the serving half's hooks -----------------------------------------------------------
@@ -94,7 +101,7 @@ class RequestReader(asyncio.Protocol):
             return
         if (len(data) > _SLICE or self._unparsed) and self._took_large(data):
             return
-        if self._phase is not Phase.BODY:
+        if self._phase is not _BODY:
             self._raw_head_bytes += len(data)
         try:
             self._parser.feed_data(data)
@@ -107,7 +114,7 @@ class RequestReader(asyncio.Protocol):
                 logger.error("HTTP parser callback failed", exc_info=exc.__context__)
             self._reject(self._rejection or Rejection(400, f"malformed HTTP request: {exc}"))
             return
-        if self._phase is not Phase.BODY and self._raw_head_bytes > self._max_header_bytes:
+        if self._phase is not _BODY and self._raw_head_bytes > self._max_header_bytes:
             self._reject(self._head_too_large())
 
     def _took_large(self, data: bytes | memoryview) -> bool:
@@ -119,7 +126,7 @@ class RequestReader(asyncio.Protocol):
         if self._unparsed:  # bytes still wait for the pipeline: these come after them
             self._unparsed += data
             return True
-        if self._phase is Phase.BODY and self._content_length - self._body_size >= len(data):
+        if self._phase is _BODY and self._content_length - self._body_size >= len(data):
             return False
         view = memoryview(data)
         for start in range(0, len(view), _SLICE):
@@ -135,7 +142,7 @@ class RequestReader(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         # Per-request state is reset here, where the parser calls anyway, not after a message.
-        self._phase = Phase.HEAD
+        self._phase = _HEAD
         self._head_started = self._body_started = self._clock.now
         self._head_size = 0  # request line + headers seen by the callbacks
         self._url = b""
@@ -150,7 +157,7 @@ class RequestReader(asyncio.Protocol):
         self._head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._phase is Phase.BODY:
+        if self._phase is _BODY:
             return  # a trailer after a chunked body: not part of the request's headers
         self._head_size += len(name) + len(value) + 4
         if self._head_size > self._max_header_bytes:
@@ -165,7 +172,7 @@ class RequestReader(asyncio.Protocol):
             headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        self._phase = Phase.BODY
+        self._phase = _BODY
         self._body_started = self._clock.now
         if self._head_size > self._max_header_bytes:
             self._fail(self._head_too_large())
@@ -241,7 +248,7 @@ class RequestReader(asyncio.Protocol):
             self._keep_alive,
         )
         self._body = b""  # the request holds it now, and only the request
-        self._phase = Phase.IDLE
+        self._phase = _IDLE
         self._raw_head_bytes = 0
         if not request.keep_alive:
             self._discard_input = True
