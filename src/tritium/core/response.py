@@ -58,13 +58,18 @@ class _ThreadState(threading.local):
     deferred: list[ResponseStream] | None = None  # set by DeferredWakes
 
 
-_thread_state = _ThreadState()
+# This thread's wake-up state. The hot paths (a batch runner, the python backend around a
+# model's execute) set and restore ``deferred`` themselves, exactly as the two classes
+# below do: a context manager is three Python calls per batch.
+wakes = _thread_state = _ThreadState()
 
 
 class DeferredWakes:
     """Collects the wake-ups of streams sent to on this thread, so that one hop to the
     loop delivers them all (an instance thread already makes that hop when ``execute``
     returns; a second one per response would double the cross-thread cost)."""
+
+    __slots__ = ("streams",)
 
     def __enter__(self) -> list[ResponseStream]:
         self.streams: list[ResponseStream] = []
@@ -78,6 +83,8 @@ class DeferredWakes:
 class ImmediateWakes:
     """Suspends ``DeferredWakes`` while model code runs: what a model sends itself
     (a token of a stream, say) must reach its client now, not when ``execute`` returns."""
+
+    __slots__ = ("_saved",)
 
     def __enter__(self) -> None:
         self._saved = _thread_state.deferred

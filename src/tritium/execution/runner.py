@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.response import DeferredWakes, InferenceResponse, ResponseStream
+from tritium.core.response import InferenceResponse, ResponseStream, wakes
 from tritium.execution.backend import ModelBackend
 from tritium.execution.placement import ThreadPlacement
 
@@ -49,11 +49,15 @@ class BatchRunner(Generic[Token]):
         started = time.monotonic_ns()
         if self._placed:
             self._placement.widen()
-        with DeferredWakes() as woken:
-            try:
-                self.backend.execute(list(requests))
-            except BaseException as exc:  # the backend never raises; belt and braces
-                fail_batch(requests, self._model, exc)
+        # What DeferredWakes does, without its three Python calls per batch.
+        woken: list[ResponseStream] = []
+        wakes.deferred = woken
+        try:
+            self.backend.execute(list(requests))
+        except BaseException as exc:  # the backend never raises; belt and braces
+            fail_batch(requests, self._model, exc)
+        finally:
+            wakes.deferred = None
         elapsed = time.monotonic_ns() - started
         # Home before waking the loop, so the wake-up stays on one core.
         if self._placed:

@@ -19,7 +19,7 @@ from tritium.backends.python.response import InferenceResponse
 from tritium.core import messages
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
-from tritium.core.response import ImmediateWakes, StreamClosedError
+from tritium.core.response import StreamClosedError, wakes
 from tritium.core.response import InferenceResponse as CoreResponse
 from tritium.core.tracing import (
     COMPUTE_END,
@@ -87,9 +87,14 @@ class PythonBackend:
              traces: list[RequestTrace] | None = None) -> Awaitable[None] | None:
         """Call the model's ``execute``; an ``async def`` one returns what completes it."""
         token = scope.enter(scope.ExecutionScope(self._link, self.model_dir, requests))
+        # What ImmediateWakes does, without its three Python calls per batch: what the
+        # model sends itself reaches its client now, not when execute returns.
+        deferred, wakes.deferred = wakes.deferred, None
         try:
-            with ImmediateWakes():
+            try:
                 result = self.model.execute(received)
+            finally:
+                wakes.deferred = deferred
         except Exception as exc:
             self._fail(received, describe_exception(exc), exc)
             if traces is not None:

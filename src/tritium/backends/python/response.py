@@ -94,7 +94,8 @@ def to_core(response: InferenceResponse, wanted: Container[str], final: bool) ->
         core = tensor._core
         if core.name in wanted:
             outputs.append(core)
-    return CoreResponse(outputs=outputs, parameters=response._parameters, final=final)
+    # Positional (outputs, parameters, error, final): keywords would cost a dict a call.
+    return CoreResponse(outputs, response._parameters, None, final)
 
 
 def from_core(core: CoreResponse) -> InferenceResponse:

@@ -341,7 +341,7 @@ def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
     count = math.prod(shape)
     if datatype is None or at + nbytes > len(flat):
         raise FrameError(f"tensor '{name}' does not fit its block")
-    if datatype is DataType.BYTES:
+    if datatype is _BYTES:
         if count * 4 > nbytes:  # each element has a 4-byte length
             raise FrameError(f"tensor '{name}' does not fit its block")
         try:

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tritium.core import response as core_response
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import RELEASE_ALL
-from tritium.core.response import InferenceResponse, StreamClosedError
+from tritium.core.response import InferenceResponse, StreamClosedError, wakes
 from tritium.core.types import Tensor
 from tritium.execution.backend import InstanceInfo
 from tritium.execution.placement import ThreadPlacement
@@ -155,7 +154,7 @@ class InstanceServer:
                 # Not copied: nothing changes a sent response (pb_utils copies its parameters).
                 body = msg.ResponseBody(slot, response.final, False, None, response.parameters,
                                         tensors)
-        if core_response._thread_state.deferred is not None:
+        if wakes.deferred is not None:  # the backend delivers what execute returned
             self._deferred.append(body)
         else:
             self._link.send(msg.Responses([body]))
