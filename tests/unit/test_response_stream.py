@@ -10,10 +10,10 @@ import pytest
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.response import (
     DeferredWakes,
-    ImmediateWakes,
     InferenceResponse,
     ResponseStream,
     StreamClosedError,
+    model_scope,
     wake_all,
 )
 
@@ -72,7 +72,7 @@ def test_on_done_runs_once_after_final() -> None:
     asyncio.run(scenario())
 
 
-def test_deferred_wakes_hold_back_until_woken_and_immediate_wakes_do_not() -> None:
+def test_deferred_wakes_hold_back_until_woken_and_model_code_sends_do_not() -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         held, direct = ResponseStream(loop), ResponseStream(loop)
@@ -81,8 +81,11 @@ def test_deferred_wakes_hold_back_until_woken_and_immediate_wakes_do_not() -> No
         def produce() -> None:
             with DeferredWakes() as streams:
                 held.send_nowait(InferenceResponse())
-                with ImmediateWakes():
+                token = model_scope.set("model code")  # what it sends itself wakes now
+                try:
                     direct.send_nowait(InferenceResponse())
+                finally:
+                    model_scope.reset(token)
                 woken.extend(streams)
 
         waiting = asyncio.ensure_future(held.receive())

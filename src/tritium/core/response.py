@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,16 +59,23 @@ class _ThreadState(threading.local):
     deferred: list[ResponseStream] | None = None  # set by DeferredWakes
 
 
-# This thread's wake-up state. The hot paths (a batch runner, the python backend around a
-# model's execute) set and restore ``deferred`` themselves, exactly as the two classes
-# below do: a context manager is three Python calls per batch.
+# This thread's wake-up state. The batch runner sets and clears ``deferred`` itself, as
+# DeferredWakes does: a context manager is three Python calls per batch.
 wakes = _thread_state = _ThreadState()
+
+# The scope of the model code running in this context (the python backend sets it around
+# a model's ``execute``), None outside model code. What model code sends itself is never
+# held back: a token of a stream must reach its client now, not when ``execute`` returns.
+# A context variable the backend sets anyway, read in C: cheaper than suspending
+# ``deferred`` around every execute.
+model_scope: ContextVar[Any] = ContextVar("tritium_model_scope", default=None)
 
 
 class DeferredWakes:
     """Collects the wake-ups of streams sent to on this thread, so that one hop to the
     loop delivers them all (an instance thread already makes that hop when ``execute``
-    returns; a second one per response would double the cross-thread cost)."""
+    returns; a second one per response would double the cross-thread cost). What model
+    code sends itself wakes at once (``model_scope``)."""
 
     __slots__ = ("streams",)
 
@@ -78,20 +86,6 @@ class DeferredWakes:
 
     def __exit__(self, *exc: object) -> None:
         _thread_state.deferred = None
-
-
-class ImmediateWakes:
-    """Suspends ``DeferredWakes`` while model code runs: what a model sends itself
-    (a token of a stream, say) must reach its client now, not when ``execute`` returns."""
-
-    __slots__ = ("_saved",)
-
-    def __enter__(self) -> None:
-        self._saved = _thread_state.deferred
-        _thread_state.deferred = None
-
-    def __exit__(self, *exc: object) -> None:
-        _thread_state.deferred = self._saved
 
 
 def wake_all(streams: list[ResponseStream]) -> None:
@@ -188,7 +182,7 @@ class ResponseStream:
             # Deferred first: the loop defers too while it delivers what an instance
             # process returned, so that on_done decides when those wake (preserve_ordering).
             deferred = _thread_state.deferred
-            if deferred is not None:
+            if deferred is not None and model_scope.get() is None:
                 deferred.append(self)
             elif self._on_loop():
                 self._wake()

@@ -19,8 +19,8 @@ from tritium.backends.python.response import InferenceResponse
 from tritium.core import messages
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest
-from tritium.core.response import StreamClosedError, wakes
 from tritium.core.response import InferenceResponse as CoreResponse
+from tritium.core.response import StreamClosedError
 from tritium.core.tracing import (
     COMPUTE_END,
     COMPUTE_INPUT_END,
@@ -86,22 +86,19 @@ class PythonBackend:
     def _run(self, requests: list[AdmittedRequest], received: list[ReceivedRequest],
              traces: list[RequestTrace] | None = None) -> Awaitable[None] | None:
         """Call the model's ``execute``; an ``async def`` one returns what completes it."""
+        # Inside the scope, what the model sends itself reaches its client now, not when
+        # execute returns (core.response.model_scope); what follows it is held back.
         token = scope.enter(scope.ExecutionScope(self._link, self.model_dir, requests))
-        # What ImmediateWakes does, without its three Python calls per batch: what the
-        # model sends itself reaches its client now, not when execute returns.
-        deferred, wakes.deferred = wakes.deferred, None
         try:
             try:
                 result = self.model.execute(received)
             finally:
-                wakes.deferred = deferred
+                scope.leave(token)
         except Exception as exc:
             self._fail(received, describe_exception(exc), exc)
             if traces is not None:
                 record(traces, COMPUTE_END, time.monotonic_ns())
             return None
-        finally:
-            scope.leave(token)
         # A list, the usual return, is told apart without inspect's Python-level call.
         if type(result) is not list and inspect.iscoroutine(result):
             return self._complete_async(requests, received, result, traces)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from tritium.core.request import AdmittedRequest
+from tritium.core.response import model_scope
 
 if TYPE_CHECKING:
     from tritium.backends.python.link import ServerLink
@@ -35,7 +36,8 @@ class ExecutionScope(msgspec.Struct):
     phase: Phase = Phase.EXECUTE
 
 
-_current: ContextVar[ExecutionScope | None] = ContextVar("tritium_python_scope", default=None)
+# The core's own: what model code sends itself is never held back (core.response).
+_current: ContextVar[ExecutionScope | None] = model_scope
 # Threads a model starts itself do not inherit context variables; their BLS calls use the
 # link of the most recently created python instance (one server per process, and one
 # link per instance process) and have no parent to follow.

@@ -20,7 +20,7 @@ import msgspec
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import RELEASE_ALL
-from tritium.core.response import InferenceResponse, StreamClosedError, wakes
+from tritium.core.response import InferenceResponse, StreamClosedError, model_scope, wakes
 from tritium.core.types import Tensor
 from tritium.execution.backend import InstanceInfo
 from tritium.execution.placement import ThreadPlacement
@@ -154,7 +154,8 @@ class InstanceServer:
                 # Not copied: nothing changes a sent response (pb_utils copies its parameters).
                 body = msg.ResponseBody(slot, response.final, False, None, response.parameters,
                                         tensors)
-        if wakes.deferred is not None:  # the backend delivers what execute returned
+        # The backend delivers what execute returned (not model code): it leaves with DONE.
+        if wakes.deferred is not None and model_scope.get() is None:
             self._deferred.append(body)
         else:
             self._link.send(msg.Responses([body]))
