@@ -280,7 +280,11 @@ class ReceivedRequest(InferenceRequest):
 
     def wanted_outputs(self) -> Container[str]:
         names = self._core.requested_output_names()
-        return self._context.output_names if names is None else frozenset(names)
+        if names is None:
+            return self._context.output_names
+        # Only searched: a short list (one or two outputs, as usual) is searched faster
+        # than a set is built.
+        return names if len(names) <= 4 else frozenset(names)
 
     def finish(self, response: InferenceResponse) -> None:
         """Send ``response`` as this request's last (non-decoupled return path)."""

@@ -14,7 +14,6 @@ from tritium.core.response import InferenceResponse as CoreResponse
 
 # Stands for "output_tensors not given", which Triton's binding defaults to an empty list.
 _NO_OUTPUTS: Any = object()
-_ONLY_TENSORS = frozenset({Tensor})
 
 
 class InferenceResponse:
@@ -29,11 +28,18 @@ class InferenceResponse:
         parameters: dict[str, Any] | None = None,
     ) -> None:
         # Made once per response: the usual arguments (a list of exactly Tensors, no error,
-        # no parameters) are recognised by exact type tests, in C; others get the full checks.
-        if type(output_tensors) is list and _ONLY_TENSORS.issuperset(map(type, output_tensors)):
-            self._outputs = output_tensors.copy()
-        else:
-            self._outputs = _checked_outputs(output_tensors)
+        # no parameters) are recognised by exact type tests (a loop: a set built from
+        # ``map(type, ...)`` costs more for the one or two outputs of most responses);
+        # others get the full checks.
+        outputs = None
+        if type(output_tensors) is list:
+            outputs = output_tensors
+            for tensor in outputs:
+                if type(tensor) is not Tensor:
+                    outputs = None
+                    break
+        self._outputs = (_checked_outputs(output_tensors) if outputs is None
+                         else outputs.copy())
         self._error = None if error is None else arguments.optional_instance(
             "InferenceResponse.__init__()", "error", error, TritonError)
         self._parameters = {} if parameters is None else check_parameters(parameters)
