@@ -12,7 +12,7 @@ Python, which is much of what one request at a time costs beyond a thread instan
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
@@ -30,6 +30,11 @@ class Part(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True
 
 Count = Annotated[int, msgspec.Meta(ge=0)]  # a size, dimension or place: never negative
 
+if TYPE_CHECKING:
+    InlineBytes = memoryview | bytes  # a sender may hand bytes: encoded alike
+else:
+    InlineBytes = memoryview  # what decoding makes: a view of the frame
+
 
 
 class TensorDesc(Part):
@@ -41,7 +46,7 @@ class TensorDesc(Part):
     shape: tuple[Count, ...]
     at: Count
     nbytes: Count
-    data: memoryview | None = None  # decoded as a view of the frame: no copy
+    data: InlineBytes | None = None  # decoded as a view of the frame: no copy
 
 
 class Packed(Part):

@@ -232,16 +232,25 @@ class ArenaWriter:
         total = 0
         for tensor in tensors:
             datatype = tensor.datatype
+            data: bytes | memoryview
             if datatype is _BYTES:
-                view = memoryview(serialize_bytes(tensor.data))
+                data = serialize_bytes(tensor.data)
+                nbytes = len(data)
             else:
-                # The buffer is what crosses, whichever way: its own flags cost no numpy call.
-                view = tensor.data.data
-                if not view.c_contiguous:
-                    view = np.ascontiguousarray(tensor.data).data
-            nbytes = view.nbytes
+                array = tensor.data
+                nbytes = array.nbytes
+                if nbytes <= SMALL:
+                    # Its bytes in C order, whatever its strides: for a small array a copy
+                    # costs less than numpy's buffer export (some 1.5k instructions).
+                    data = array.tobytes()
+                else:
+                    # The buffer is copied into the block: its own flags cost no numpy call.
+                    view = array.data
+                    if not view.c_contiguous:
+                        view = np.ascontiguousarray(array).data
+                    data = view.cast("B")  # flat bytes, as a decoded frame's are
             total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
-            descs.append(TensorDesc(tensor.name, datatype.code, tensor.shape, 0, nbytes, view))
+            descs.append(TensorDesc(tensor.name, datatype.code, tensor.shape, 0, nbytes, data))
         if total <= SMALL:
             return Packed(-1, descs)
         offset = self.allocate(total)
@@ -254,9 +263,9 @@ class ArenaWriter:
         at = 0
         base = offset + HEADER
         for desc in descs:
-            nbytes, data = desc.nbytes, desc.data
-            if nbytes and data is not None:  # a buffer: set above
-                mm[base + at:base + at + nbytes] = data  # the one copy (a memcpy)
+            nbytes, buffer = desc.nbytes, desc.data
+            if nbytes and buffer is not None:  # set above
+                mm[base + at:base + at + nbytes] = buffer  # the one copy (a memcpy)
             desc.at, desc.data = at, None
             at += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
         return Packed(offset, descs)
@@ -325,12 +334,13 @@ def _inline(desc: TensorDesc) -> CoreTensor:
             raise FrameError(f"tensor '{desc.name}' is neither in a block nor inline")
         return _tensor(np.frombuffer(data, dtype=np.uint8), desc)  # checked on the way
     shape = desc.shape
-    if math.prod(shape) * datatype.itemsize != data.nbytes:
-        raise FrameError(f"tensor '{desc.name}' does not fit its block")
-    try:  # one numpy call: an array over the frame's bytes (sizes checked just above)
+    try:  # one numpy call: an array over the frame's bytes, refused if they are too few
         array = np.ndarray(shape, datatype.numpy, data)
     except (TypeError, ValueError):
         raise FrameError(f"tensor '{desc.name}' does not fit its block") from None
+    # ... or too many (the array's own size costs less than math.prod of the shape).
+    if array.nbytes != len(data):  # flat bytes (decoded, or as pack made them)
+        raise FrameError(f"tensor '{desc.name}' does not fit its block")
     return CoreTensor(desc.name, datatype, shape, array)
 
 
