@@ -443,7 +443,7 @@ class ChildLink:
             # The server is trusted as far as the child goes: a frame it cannot read ends
             # the child's link as end of file would.
             try:
-                messages = self._frames.messages(self._view[:count])
+                messages = self._frames.messages(self._view, count)
             except FrameError:
                 count = 0
         if not count:

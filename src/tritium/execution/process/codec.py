@@ -134,17 +134,18 @@ class FrameReader:
         self.feed(data)
         return self.bodies(limit)
 
-    def messages(self, data: memoryview) -> list[Any]:
-        """``take`` every frame and ``decode_all`` them; a read that is exactly one frame
-        costs one Python call."""
-        if not self._pending and len(data) > _HEAD:
-            (length,) = LENGTH.unpack_from(data)
-            if length + _HEAD == len(data) and length <= MAX_FRAME:
+    def messages(self, buffer: memoryview, count: int) -> list[Any]:
+        """``take`` every frame of the first ``count`` bytes of ``buffer`` and
+        ``decode_all`` them; a read that is exactly one frame costs one Python call (and
+        one slice: its body's copy)."""
+        if not self._pending and count > _HEAD:
+            (length,) = LENGTH.unpack_from(buffer)
+            if length + _HEAD == count and length <= MAX_FRAME:
                 try:
-                    return [_decode(bytearray(data[_HEAD:]))]
+                    return [_decode(bytearray(buffer[_HEAD:count]))]
                 except msgspec.MsgspecError as exc:
                     raise _not_a_message(exc) from None
-        return decode_all(self.take(data, 1 << 30))
+        return decode_all(self.take(buffer[:count], 1 << 30))
 
     def bodies(self, limit: int) -> list[bytearray]:
         """Up to ``limit`` complete frame bodies, in order: each a copy of its own, writable

@@ -152,8 +152,9 @@ class InstanceServer:
                 body = msg.ResponseBody(slot, response.final, error=ErrorBody.of(exc))
             else:
                 # Not copied: nothing changes a sent response (pb_utils copies its parameters).
-                body = msg.ResponseBody(slot, response.final, False, None, response.parameters,
-                                        tensors)
+                # None for none: the server decodes no empty map (it reads None as {}).
+                body = msg.ResponseBody(slot, response.final, False, None,
+                                        response.parameters or None, tensors)
         # The backend delivers what execute returned (not model code): it leaves with DONE.
         if wakes.deferred is not None and model_scope.get() is None:
             self._deferred.append(body)
