@@ -22,7 +22,7 @@ from typing import Any
 
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import AdmittedRequest
+from tritium.core.request import RELEASE_RESCHEDULE, AdmittedRequest
 from tritium.core.response import (
     DeferredWakes,
     InferenceResponse,
@@ -317,6 +317,8 @@ class ProcessInstance:
         with DeferredWakes() as woken:
             for body in done.responses:
                 self._deliver(body)
+        if done.released:
+            self._release_rescheduled(done.released)
         if batches:
             self._next_begins()
         if entry is None:
@@ -335,6 +337,18 @@ class ProcessInstance:
             if slot in finished:
                 finished.discard(slot)
                 returned.discard(slot)
+                self._release(slot)
+
+    def _release_rescheduled(self, released: list[msg.Released]) -> None:
+        """A request its model released with RESCHEDULE gets no final response in this
+        slot (its next execution answers it, in a slot of its own): its execute returned,
+        so the slot is given back now, decoupled or not."""
+        returned, finished = self._returned, self._finished
+        for part in released:
+            slot = part.slot
+            if part.flags == RELEASE_RESCHEDULE and slot in returned:
+                returned.discard(slot)
+                finished.discard(slot)
                 self._release(slot)
 
     def _settle_requests(self, done: msg.Done) -> None:
