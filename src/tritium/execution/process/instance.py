@@ -99,6 +99,9 @@ class ProcessInstance:
         self.service = service
         self._loop = loop
         self._on_done = on_done
+        # Where the dones of batches it ran go, and as whom (``report_to``).
+        self._report: DoneCallback = on_done
+        self._owner: Any = self
         # Hooks (SUPERVISION): the child's argv and environment.
         self.spawn_command: Callable[[InstanceInfo], list[str]] = default_command
         self.spawn_env: Callable[[dict[str, str]], dict[str, str]] | None = None
@@ -224,6 +227,13 @@ class ProcessInstance:
                 self._fail([request], self.crash_error())
         self._loop.call_soon(self._on_done, self, batch, -1, [])
 
+    def report_to(self, owner: Any, on_done: DoneCallback) -> bool:
+        """From now on, the done of a batch it ran goes straight to ``on_done`` as
+        ``owner``'s (the supervisor's own callback is left for the dones of batches it
+        did not run: refused, or ended by its death)."""
+        self._owner, self._report = owner, on_done
+        return True
+
     def stop(self) -> None:
         """Ask the process to finalize the model and exit; see ``wait_stopped``."""
         self._stopping = True
@@ -328,7 +338,7 @@ class ProcessInstance:
             record(traces, COMPUTE_END, time.monotonic_ns())
         if self._finished:
             self._release_finished(entry.slots)
-        self._on_done(self, entry.batch, done.elapsed_ns, woken)
+        self._report(self._owner, entry.batch, done.elapsed_ns, woken)
 
     def _release_finished(self, slots: list[int]) -> None:
         """Of a batch whose execute returned, the slots whose final response came before."""
