@@ -96,8 +96,15 @@ class ParentChannel:
         (one write, without a callback to schedule and run)."""
         if self.closed:
             return
-        encode_onto(message, self._outgoing)
-        self._flush()
+        outgoing = self._outgoing
+        encode_onto(message, outgoing)
+        # ``_flush`` written out (a call fewer per batch); a flush still pending finds
+        # nothing left to write.
+        self._outgoing = bytearray()
+        if self._backlog:
+            self._backlog += outgoing
+        else:
+            self._write(outgoing)
 
     def _flush(self) -> None:
         self._flush_pending = False
