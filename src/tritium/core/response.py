@@ -59,6 +59,9 @@ class _ThreadState(threading.local):
 
 
 _thread_state = _ThreadState()
+# For a loop path run once per batch, where DeferredWakes' two calls cost too much: it sets
+# ``wakes.deferred`` to its list itself, and back to None in a ``finally``.
+wakes = _thread_state
 
 
 class DeferredWakes:

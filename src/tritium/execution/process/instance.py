@@ -24,11 +24,11 @@ from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import RELEASE_RESCHEDULE, AdmittedRequest
 from tritium.core.response import (
-    DeferredWakes,
     InferenceResponse,
     ResponseStream,
     StreamClosedError,
     wake_all,
+    wakes,
 )
 from tritium.core.tracing import (
     COMPUTE_END,
@@ -194,8 +194,10 @@ class ProcessInstance:
             # Encoded at once (``send``): the request's own parameters need no copy.
             descs.append(msg.RequestDesc(
                 slot, core.id, core.correlation_id, core.flags, core.timeout_us,
-                core.parameters, core.requested_output_names(), core.model_name,
-                len(inputs), None if trace is None else trace.context() or ""))
+                core.parameters,
+                None if core.requested_outputs is None else core.requested_output_names(),
+                core.model_name, len(inputs),
+                None if trace is None else trace.context() or ""))
         try:
             packed = self._writer.pack(tensors)
         except TritiumError as exc:  # too large for the arena and for a frame
@@ -308,7 +310,8 @@ class ProcessInstance:
             returned = self._returned
             if slot in returned:
                 returned.discard(slot)
-                self._release(slot)
+                del self._pending[slot]  # ``_release`` written out: once per request
+                self._flags.release(slot, request.cancellation)
             else:
                 self._finished.add(slot)
 
@@ -324,9 +327,13 @@ class ProcessInstance:
             self._returned.update(entry.slots)  # a final response among these ends its slot
         # The responses execute returned wake when on_done says (as an instance thread's
         # do: the scheduler may hold them back to keep the dispatch order).
-        with DeferredWakes() as woken:
+        woken: list[ResponseStream] = []
+        wakes.deferred = woken  # DeferredWakes without its two calls: once per batch
+        try:
             for body in done.responses:
                 self._deliver(body)
+        finally:
+            wakes.deferred = None
         if done.released:
             self._release_rescheduled(done.released)
         if batches:
