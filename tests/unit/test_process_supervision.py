@@ -669,8 +669,13 @@ async def test_a_process_that_reports_straight_skips_the_slot_and_its_death_stil
     first.die(-signal.SIGKILL)
     await asyncio.sleep(0.001)
     assert slot.done == [(ran, 1000)]  # busy until restarted
+    spare = [_request(loop, "spare")]
+    slot.instance.submit(spare)  # not to the dead one: it waits for the next
+    assert first.batches == []
     await slot.wait_restarted(1)
     assert slot.done == [(ran, 1000), (dying, -1)]
+    assert slot.processes[1].batches == [spare]
+    slot.processes[1].answer(spare)
     later = [_request(loop, "c")]
     slot.instance.submit(later)
     slot.processes[1].answer(later)
