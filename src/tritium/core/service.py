@@ -269,8 +269,7 @@ class InferenceService:
                 trace.end(None if error is None else error.message, time.monotonic_ns())
             self._in_flight.discard(admitted)
             model.request_finished(admitted, stream.error)
-            cancellation.remove_callback(on_cancel)
-            cancellation.detach()
+            cancellation.finished(on_cancel)
 
         self._in_flight.add(admitted)
         stream.on_done = on_done
