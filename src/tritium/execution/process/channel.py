@@ -64,6 +64,9 @@ class ParentChannel:
         self._fd = sock.fileno()
         sock.setblocking(False)
         self._on_message = on_message
+        # Messages of these types go straight to their handler instead (the frequent
+        # ones: no hop through ``on_message`` per message).
+        self.routes: dict[type, Callable[[Any], None]] = {}
         self._on_eof = on_eof
         self._on_broken = on_broken
         self._flood_s = flood_s
@@ -157,8 +160,9 @@ class ParentChannel:
         try:
             bodies = (self._frames.bodies(FRAMES_PER_TURN) if received is None
                       else self._frames.take(received, FRAMES_PER_TURN))
+            routes, on_message = self.routes, self._on_message
             for message in decode_all(bodies):
-                self._on_message(message)
+                routes.get(type(message), on_message)(message)
                 if self.closed:
                     return
             # Fewer than a turn's frames: bodies() stopped at the first incomplete one.

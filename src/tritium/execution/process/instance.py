@@ -155,6 +155,7 @@ class ProcessInstance:
         self.pid = self._process.pid
         self._channel = ParentChannel(self._loop, parent_sock, self._on_message, self._on_eof,
                                       self._on_broken)
+        self._channel.routes[msg.Done] = self._done
         self._loop.create_task(self._watch(self._process))
         placement = placement_module.current()
         self._channel.send(msg.Init(self.info, DEFAULT_CAPACITY, arena.ring_bytes,
