@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import RELEASE_RESCHEDULE, AdmittedRequest
@@ -71,15 +73,14 @@ def default_command(info: InstanceInfo) -> list[str]:
     return [sys.executable, "-m", LAUNCH_MODULE]
 
 
-class _Batch:
-    __slots__ = ("batch", "slots", "started", "traced", "waiting")
+class _Batch(msgspec.Struct):
+    """A batch the process holds (a Struct: made in C, one per batch)."""
 
-    def __init__(self, batch: list[AdmittedRequest], slots: list[int], traced: bool) -> None:
-        self.batch = batch
-        self.slots = slots
-        self.traced = traced
-        self.waiting = False  # sent while another ran: it has not begun yet
-        self.started = time.monotonic_ns()
+    batch: list[AdmittedRequest]
+    slots: list[int]
+    traced: bool
+    waiting: bool  # sent while another ran: it has not begun yet
+    started: int  # monotonic ns
 
 
 def _compute_started(entry: _Batch, ns: int) -> None:
@@ -211,7 +212,8 @@ class ProcessInstance:
             return
         batch_id = next(_batch_ids)
         behind = bool(self._batches)  # it waits at the process until those are done
-        entry = self._batches[batch_id] = _Batch(batch, slots, traced)
+        entry = self._batches[batch_id] = _Batch(batch, slots, traced, behind,
+                                                 time.monotonic_ns())
         execute = msg.Execute(batch_id, descs, packed)
         if behind:  # batches sent in the same iteration of the loop leave in one write
             channel.send(execute)
@@ -219,7 +221,6 @@ class ProcessInstance:
             channel.send_now(execute)
         if traced and not behind:
             _compute_started(entry, entry.started)
-        entry.waiting = behind
 
     def _refuse(self, batch: list[AdmittedRequest]) -> None:
         """A batch for a process that is gone: answered at once, reported done soon."""
