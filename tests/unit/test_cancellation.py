@@ -169,6 +169,27 @@ def test_finished_children_leave_no_callback_on_the_parent() -> None:
     on_a_loop(scenario)
 
 
+def test_a_finished_request_drops_its_callback_and_its_parents() -> None:
+    def scenario(loop: Loop) -> None:
+        parent = Cancellation(loop)
+        child = parent.child()
+        seen: list[object] = []
+
+        def kept(c: Cancellation) -> None:
+            seen.append(c.reason)
+
+        child.add_callback(seen.append)
+        child.add_callback(kept)
+        child.finished(kept)
+        assert parent._callbacks == []  # it follows its parent no more
+        parent.cancel(CancelReason.SHUTDOWN)
+        assert not child.is_cancelled()
+        child.cancel(CancelReason.CLIENT_CANCELLED)
+        assert seen == [child]  # the other callback still runs, the finished one not
+
+    on_a_loop(scenario)
+
+
 def test_grandchild_follows_through_its_parent() -> None:
     def scenario(loop: Loop) -> None:
         root = Cancellation(loop)

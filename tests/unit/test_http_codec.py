@@ -8,6 +8,7 @@ import zlib
 from typing import Any, cast
 
 import ml_dtypes
+import msgspec
 import numpy as np
 import orjson
 import pytest
@@ -92,7 +93,7 @@ def encode(response: InferenceResponse, request: InferenceRequest, name: str = "
            version: int = 1) -> tuple[list[tuple[str, str]], list[Any]]:
     """Encode as for a response the core delivered from version ``version`` of ``name``."""
     if response.served_by is None:
-        response = dataclasses.replace(response, served_by=ServedBy(name, version, False, {}))
+        response = msgspec.structs.replace(response, served_by=ServedBy(name, version, False, {}))
     return encode_infer_response(response, request)
 
 

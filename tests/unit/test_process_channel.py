@@ -245,3 +245,21 @@ def test_bad_arena_offsets_are_refused() -> None:
         reader.unpack(msg.Packed(0, [msg.TensorDesc("x", 8, (1 << 40,), 0, 16)]))
     # The reader stays usable:
     assert reader.unpack(msg.Packed(0, [msg.TensorDesc("x", 8, (4,), 0, 16)]))
+
+
+def test_a_routed_message_goes_to_its_own_handler() -> None:
+    asyncio.run(_a_routed_message_goes_to_its_own_handler())
+
+
+async def _a_routed_message_goes_to_its_own_handler() -> None:
+    """What ``routes`` names skips ``on_message``; the rest still reaches it, in order."""
+    pair = _Pair(asyncio.get_running_loop())
+    routed: asyncio.Queue[Any] = asyncio.Queue()
+    pair.parent.routes[msg.CallCancel] = routed.put_nowait
+    call = pair.link.call("slow", None)
+    call.cancel()
+    first = await asyncio.wait_for(pair.frames.get(), 10)
+    cancel = await asyncio.wait_for(routed.get(), 10)
+    assert type(first) is msg.Call and cancel == msg.CallCancel(first.call_id)
+    assert pair.frames.empty()
+    pair.close()

@@ -303,12 +303,46 @@ class ScriptedProcess:
     def kill(self) -> None:
         self.die(-signal.SIGKILL)
 
+    def report_to(self, owner: Any, on_done: Any) -> bool:
+        return False  # every done goes through the slot's own callback
+
+
+class StraightProcess(ScriptedProcess):
+    """Reports what it ran straight to the scheduler, as the process kind does; at its
+    death it answers and reports what it held itself, through the slot's callback."""
+
+    def __init__(self, on_done: Any, fail_start: bool = False):
+        super().__init__(on_done, fail_start)
+        self.straight: tuple[Any, Any] | None = None
+
+    def report_to(self, owner: Any, on_done: Any) -> bool:
+        self.straight = (owner, on_done)
+        return True
+
+    def answer(self, batch: list[AdmittedRequest]) -> None:
+        assert self.straight is not None
+        self.batches.remove(batch)
+        owner, on_done = self.straight
+        on_done(owner, batch, 1000, [])
+
+    def die(self, code: int) -> None:
+        self.returncode = code
+        held, self.batches = self.batches, []
+        for batch in held:
+            for request in batch:
+                request.stream.close_with(InferenceResponse.failure(
+                    TritiumError(ErrorCode.INTERNAL, "gone")))
+            self.on_done(self, batch, -1, [])
+        self._exit.set_result(code)
+
 
 class Slot:
     """A SupervisedInstance over scripted processes, and what it reported."""
 
-    def __init__(self, kill_after: float | None = None, failing_starts: int = 0):
+    def __init__(self, kill_after: float | None = None, failing_starts: int = 0,
+                 straight: bool = False):
         self.processes: list[ScriptedProcess] = []
+        self._kind = StraightProcess if straight else ScriptedProcess
         self.done: list[tuple[list[AdmittedRequest], int]] = []
         self._failing = failing_starts
         info = InstanceInfo("m", 1, "/nowhere", "{}", "m_0", "CPU", 0)
@@ -320,7 +354,7 @@ class Slot:
         fail = len(self.processes) > 0 and self._failing > 0
         if fail:
             self._failing -= 1
-        process = ScriptedProcess(on_done, fail_start=fail)
+        process = self._kind(on_done, fail_start=fail)
         self.processes.append(process)
         return process
 
@@ -613,5 +647,49 @@ async def test_a_slot_that_kills_after_a_cancel_takes_one_batch_at_a_time() -> N
     slot = Slot(kill_after=1.0)
     await slot.instance.start()
     assert slot.instance.depth == 1
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+
+
+@run_async
+async def test_a_process_that_reports_straight_skips_the_slot_and_its_death_still_waits(
+        ) -> None:
+    """A process that takes ``report_to`` reports the batches it ran to the scheduler as
+    the slot's; the batch its death ended comes back only once a new process is up, and
+    the new one reports straight too."""
+    loop = asyncio.get_running_loop()
+    slot = Slot(straight=True)
+    await slot.instance.start()
+    first = slot.processes[0]
+    ran, dying = [_request(loop, "a")], [_request(loop, "b")]
+    slot.instance.submit(ran)
+    slot.instance.submit(dying)
+    first.answer(ran)
+    assert slot.done == [(ran, 1000)] and not slot.instance._flights
+    first.die(-signal.SIGKILL)
+    await asyncio.sleep(0.001)
+    assert slot.done == [(ran, 1000)]  # busy until restarted
+    spare = [_request(loop, "spare")]
+    slot.instance.submit(spare)  # not to the dead one: it waits for the next
+    assert first.batches == []
+    await slot.wait_restarted(1)
+    assert slot.done == [(ran, 1000), (dying, -1)]
+    assert slot.processes[1].batches == [spare]
+    slot.processes[1].answer(spare)
+    later = [_request(loop, "c")]
+    slot.instance.submit(later)
+    slot.processes[1].answer(later)
+    assert slot.done[-1] == (later, 1000)
+    slot.instance.stop()
+    await slot.instance.wait_stopped()
+
+
+@run_async
+async def test_a_slot_that_kills_after_a_cancel_keeps_every_done_for_itself() -> None:
+    slot = Slot(kill_after=1.0, straight=True)
+    await slot.instance.start()
+    process = slot.processes[0]
+    assert isinstance(process, StraightProcess)
+    assert process.straight is None  # each batch's watch ends in the slot
     slot.instance.stop()
     await slot.instance.wait_stopped()

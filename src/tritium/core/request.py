@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from tritium.core.cancellation import Cancellation
 from tritium.core.response import ResponseStream
 from tritium.core.types import Tensor
@@ -65,17 +67,17 @@ class RequestedOutput:
 _NAME = operator.attrgetter("name")
 
 
-@dataclass(slots=True, eq=False)
-class InferenceRequest:
+class InferenceRequest(msgspec.Struct, eq=False):
     """A request as a frontend (or BLS) decoded it; the core does not write to it, except
-    that validation may reshape its input tensors and sequence batching adds control inputs."""
+    that validation may reshape its input tensors and sequence batching adds control inputs.
+    (A Struct: made in C, with no Python ``__init__`` frame, for every request.)"""
 
     model_name: str
     inputs: dict[str, Tensor]
     model_version: int | None = None  # as asked for; None: the version policy picks
     id: str = ""
     requested_outputs: list[RequestedOutput] | None = None  # None: every output
-    parameters: dict[str, ParamValue] = field(default_factory=dict)
+    parameters: dict[str, ParamValue] = msgspec.field(default_factory=dict)
     correlation_id: int | str = 0
     flags: int = 0
     priority: int = 0

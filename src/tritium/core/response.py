@@ -12,8 +12,10 @@ import collections
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from tritium.core.cancellation import Cancellation, running_loop
 from tritium.core.errors import ErrorCode, TritiumError
@@ -34,10 +36,12 @@ class ServedBy:
     labels: Mapping[str, Sequence[str]]  # an output's class labels (``label_filename``)
 
 
-@dataclass(slots=True)
-class InferenceResponse:
-    outputs: list[Tensor] = field(default_factory=list)
-    parameters: dict[str, Any] = field(default_factory=dict)
+class InferenceResponse(msgspec.Struct):
+    """One response of a request. A Struct: made in C, without a Python ``__init__``
+    frame, for every response (never encoded by msgspec: the frontends encode it)."""
+
+    outputs: list[Tensor] = msgspec.field(default_factory=list)
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
     error: TritiumError | None = None
     final: bool = True
     # True for a FINAL flag sent without a response (decoupled models).

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 _BY_WIRE: dict[str, DataType] = {}  # filled once the members exist, below
@@ -72,10 +73,10 @@ _BY_CODE = {t.code: t for t in DataType}
 _BY_NUMPY = {t.numpy: t for t in DataType if t is not DataType.BF16}
 
 
-@dataclass(slots=True)
-class Tensor:
+class Tensor(msgspec.Struct):
     """A named tensor. ``data`` is a numpy array of ``datatype.numpy`` shaped ``shape``;
-    BYTES elements are ``bytes`` objects in an object array."""
+    BYTES elements are ``bytes`` objects in an object array. (A Struct: made in C, with
+    no Python ``__init__`` frame, for every input and output.)"""
 
     name: str
     datatype: DataType

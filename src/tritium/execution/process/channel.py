@@ -64,6 +64,9 @@ class ParentChannel:
         self._fd = sock.fileno()
         sock.setblocking(False)
         self._on_message = on_message
+        # Messages of these types go straight to their handler instead (the frequent
+        # ones: no hop through ``on_message`` per message).
+        self.routes: dict[type, Callable[[Any], None]] = {}
         self._on_eof = on_eof
         self._on_broken = on_broken
         self._flood_s = flood_s
@@ -96,8 +99,15 @@ class ParentChannel:
         (one write, without a callback to schedule and run)."""
         if self.closed:
             return
-        encode_onto(message, self._outgoing)
-        self._flush()
+        outgoing = self._outgoing
+        encode_onto(message, outgoing)
+        # ``_flush`` written out (a call fewer per batch); a flush still pending finds
+        # nothing left to write.
+        self._outgoing = bytearray()
+        if self._backlog:
+            self._backlog += outgoing
+        else:
+            self._write(outgoing)
 
     def _flush(self) -> None:
         self._flush_pending = False
@@ -129,39 +139,48 @@ class ParentChannel:
         self._write(backlog)
 
     # -- reading -------------------------------------------------------------
-    def _readable(self) -> None:
-        try:
-            count = self._sock.recv_into(self._buffer)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            count = 0
-        if not count:
-            self.close()
-            self._on_eof()
-            return
-        self._paused = False
-        self._drain(self._view[:count])
-
-    def _drain(self, received: memoryview | None = None) -> None:
-        """Handle a turn's frames: of what was just ``received``, or of what waits."""
+    def _readable(self, waiting: bool = False) -> None:
+        """The socket is readable: read, and handle a turn's frames of what came; or
+        (``waiting``, the next turn of a paused read) handle a turn's frames that wait.
+        One function for both: no second frame for every read."""
         if self.closed:
             return
+        count = 0
+        if not waiting:
+            try:
+                count = self._sock.recv_into(self._buffer)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                count = 0
+            if not count:
+                self.close()
+                self._on_eof()
+                return
+            self._paused = False
+        frames = self._frames
         try:
-            bodies = (self._frames.bodies(FRAMES_PER_TURN) if received is None
-                      else self._frames.take(received, FRAMES_PER_TURN))
+            bodies = (frames.bodies(FRAMES_PER_TURN) if waiting
+                      else frames.take(self._view[:count], FRAMES_PER_TURN))
+            routes, on_message = self.routes, self._on_message
             for message in decode_all(bodies):
-                self._on_message(message)
+                routes.get(type(message), on_message)(message)
                 if self.closed:
                     return
             # Fewer than a turn's frames: bodies() stopped at the first incomplete one.
-            more = len(bodies) == FRAMES_PER_TURN and self._frames.has_frame()
+            more = len(bodies) == FRAMES_PER_TURN and frames.has_frame()
         except FrameError as exc:
             self._broken(str(exc))
             return
         except Exception as exc:  # what a frame made of the server's state: end it here
             self._broken(f"its frame could not be handled: {type(exc).__name__}: {exc}")
             return
+        if more or self._paused or not self._reading:
+            self._turn_ended(more)
+        else:  # the usual read: its frames all fit one turn, the child is not flooding
+            self._full_since = 0.0
+
+    def _turn_ended(self, more: bool) -> None:
         if more:
             self._pause()
             return
@@ -169,8 +188,7 @@ class ParentChannel:
         # each need more turns than one, back to back for flood_s, are a flood.
         if not self._paused:
             self._full_since = 0.0
-        if not self._reading:
-            self._resume()
+        self._resume()
 
     def _flooding(self) -> bool:
         """Whether the channel has been full for longer than ``flood_s`` (then it ends)."""
@@ -191,7 +209,7 @@ class ParentChannel:
         if self._reading:
             self._reading = False
             self._loop.remove_reader(self._fd)
-        self._loop.call_soon(self._drain)
+        self._loop.call_soon(self._readable, True)
 
     def _resume(self) -> None:
         if not self._reading:

@@ -20,15 +20,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from tritium.core.cancellation import Cancellation, CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import AdmittedRequest
+from tritium.core.request import RELEASE_RESCHEDULE, AdmittedRequest
 from tritium.core.response import (
-    DeferredWakes,
     InferenceResponse,
     ResponseStream,
     StreamClosedError,
     wake_all,
+    wakes,
 )
 from tritium.core.tracing import (
     COMPUTE_END,
@@ -71,15 +73,14 @@ def default_command(info: InstanceInfo) -> list[str]:
     return [sys.executable, "-m", LAUNCH_MODULE]
 
 
-class _Batch:
-    __slots__ = ("batch", "slots", "started", "traced", "waiting")
+class _Batch(msgspec.Struct):
+    """A batch the process holds (a Struct: made in C, one per batch)."""
 
-    def __init__(self, batch: list[AdmittedRequest], slots: list[int], traced: bool) -> None:
-        self.batch = batch
-        self.slots = slots
-        self.traced = traced
-        self.waiting = False  # sent while another ran: it has not begun yet
-        self.started = time.monotonic_ns()
+    batch: list[AdmittedRequest]
+    slots: list[int]
+    traced: bool
+    waiting: bool  # sent while another ran: it has not begun yet
+    started: int  # monotonic ns
 
 
 def _compute_started(entry: _Batch, ns: int) -> None:
@@ -99,6 +100,9 @@ class ProcessInstance:
         self.service = service
         self._loop = loop
         self._on_done = on_done
+        # Where the dones of batches it ran go, and as whom (``report_to``).
+        self._report: DoneCallback = on_done
+        self._owner: Any = self
         # Hooks (SUPERVISION): the child's argv and environment.
         self.spawn_command: Callable[[InstanceInfo], list[str]] = default_command
         self.spawn_env: Callable[[dict[str, str]], dict[str, str]] | None = None
@@ -152,6 +156,7 @@ class ProcessInstance:
         self.pid = self._process.pid
         self._channel = ParentChannel(self._loop, parent_sock, self._on_message, self._on_eof,
                                       self._on_broken)
+        self._channel.routes[msg.Done] = self._done
         self._loop.create_task(self._watch(self._process))
         placement = placement_module.current()
         self._channel.send(msg.Init(self.info, DEFAULT_CAPACITY, arena.ring_bytes,
@@ -191,8 +196,10 @@ class ProcessInstance:
             # Encoded at once (``send``): the request's own parameters need no copy.
             descs.append(msg.RequestDesc(
                 slot, core.id, core.correlation_id, core.flags, core.timeout_us,
-                core.parameters, core.requested_output_names(), core.model_name,
-                len(inputs), None if trace is None else trace.context() or ""))
+                core.parameters,
+                None if core.requested_outputs is None else core.requested_output_names(),
+                core.model_name, len(inputs),
+                None if trace is None else trace.context() or ""))
         try:
             packed = self._writer.pack(tensors)
         except TritiumError as exc:  # too large for the arena and for a frame
@@ -205,7 +212,8 @@ class ProcessInstance:
             return
         batch_id = next(_batch_ids)
         behind = bool(self._batches)  # it waits at the process until those are done
-        entry = self._batches[batch_id] = _Batch(batch, slots, traced)
+        entry = self._batches[batch_id] = _Batch(batch, slots, traced, behind,
+                                                 time.monotonic_ns())
         execute = msg.Execute(batch_id, descs, packed)
         if behind:  # batches sent in the same iteration of the loop leave in one write
             channel.send(execute)
@@ -213,7 +221,6 @@ class ProcessInstance:
             channel.send_now(execute)
         if traced and not behind:
             _compute_started(entry, entry.started)
-        entry.waiting = behind
 
     def _refuse(self, batch: list[AdmittedRequest]) -> None:
         """A batch for a process that is gone: answered at once, reported done soon."""
@@ -223,6 +230,13 @@ class ProcessInstance:
             else:
                 self._fail([request], self.crash_error())
         self._loop.call_soon(self._on_done, self, batch, -1, [])
+
+    def report_to(self, owner: Any, on_done: DoneCallback) -> bool:
+        """From now on, the done of a batch it ran goes straight to ``on_done`` as
+        ``owner``'s (the supervisor's own callback is left for the dones of batches it
+        did not run: refused, or ended by its death)."""
+        self._owner, self._report = owner, on_done
+        return True
 
     def stop(self) -> None:
         """Ask the process to finalize the model and exit; see ``wait_stopped``."""
@@ -298,7 +312,8 @@ class ProcessInstance:
             returned = self._returned
             if slot in returned:
                 returned.discard(slot)
-                self._release(slot)
+                del self._pending[slot]  # ``_release`` written out: once per request
+                self._flags.release(slot, request.cancellation)
             else:
                 self._finished.add(slot)
 
@@ -314,9 +329,15 @@ class ProcessInstance:
             self._returned.update(entry.slots)  # a final response among these ends its slot
         # The responses execute returned wake when on_done says (as an instance thread's
         # do: the scheduler may hold them back to keep the dispatch order).
-        with DeferredWakes() as woken:
+        woken: list[ResponseStream] = []
+        wakes.deferred = woken  # DeferredWakes without its two calls: once per batch
+        try:
             for body in done.responses:
                 self._deliver(body)
+        finally:
+            wakes.deferred = None
+        if done.released:
+            self._release_rescheduled(done.released)
         if batches:
             self._next_begins()
         if entry is None:
@@ -326,7 +347,7 @@ class ProcessInstance:
             record(traces, COMPUTE_END, time.monotonic_ns())
         if self._finished:
             self._release_finished(entry.slots)
-        self._on_done(self, entry.batch, done.elapsed_ns, woken)
+        self._report(self._owner, entry.batch, done.elapsed_ns, woken)
 
     def _release_finished(self, slots: list[int]) -> None:
         """Of a batch whose execute returned, the slots whose final response came before."""
@@ -335,6 +356,18 @@ class ProcessInstance:
             if slot in finished:
                 finished.discard(slot)
                 returned.discard(slot)
+                self._release(slot)
+
+    def _release_rescheduled(self, released: list[msg.Released]) -> None:
+        """A request its model released with RESCHEDULE gets no final response in this
+        slot (its next execution answers it, in a slot of its own): its execute returned,
+        so the slot is given back now, decoupled or not."""
+        returned, finished = self._returned, self._finished
+        for part in released:
+            slot = part.slot
+            if part.flags == RELEASE_RESCHEDULE and slot in returned:
+                returned.discard(slot)
+                finished.discard(slot)
                 self._release(slot)
 
     def _settle_requests(self, done: msg.Done) -> None:

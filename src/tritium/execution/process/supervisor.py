@@ -59,6 +59,9 @@ class InstanceProcess(Protocol):
     async def wait_stopped(self) -> None: ...
     def exited(self) -> Awaitable[int]: ...
     def kill(self) -> None: ...
+    def report_to(self, owner: Any, on_done: SlotDone) -> bool:
+        """Whether it reports the dones of batches it ran straight to ``on_done`` as
+        ``owner``'s from now on (it took the callback), rather than through its own."""
     @property
     def alive(self) -> bool:
         """False once the child is known gone (end of file on the link comes before the
@@ -124,6 +127,9 @@ class SupervisedInstance:
         self._kill_after = kill_after_cancel_s
         self._prepare = prepare  # awaited once before the first process starts
         self._process: InstanceProcess | None = None
+        # The current process when it reports its dones straight to the scheduler (none
+        # then passes through ``_process_done`` but those of batches it did not run).
+        self._straight: InstanceProcess | None = None
         self._up = False
         self._stopping = False
         # Batches handed to the current process and not reported done yet, by id.
@@ -166,6 +172,7 @@ class SupervisedInstance:
             await self._prepare()
         self._process = await self._launch()
         self._up = True
+        self._serve_straight()
         self._backoff.started()
         self._supervisor = self._loop.create_task(self._supervise(),
                                                   name=f"supervise-{self.name}")
@@ -181,9 +188,10 @@ class SupervisedInstance:
             # The spare place of a process that died: the batch waits for the next one.
             self._waiting.append(batch)
             return
-        self._flights[id(batch)] = batch
-        if self._kill_after is not None:
-            self._arm(batch)
+        if process is not self._straight:
+            self._flights[id(batch)] = batch
+            if self._kill_after is not None:
+                self._arm(batch)
         process.submit(batch)
 
     def stop(self) -> None:
@@ -206,7 +214,7 @@ class SupervisedInstance:
     def _process_done(self, process: Any, batch: list[AdmittedRequest], exec_ns: int,
                       woken: list[ResponseStream]) -> None:
         key = id(batch)
-        if self._flights.pop(key, None) is None:
+        if self._flights.pop(key, None) is None and process is not self._straight:
             return  # swept up at its process's death already
         if self._armed:
             flight = self._armed.pop(key, None)
@@ -226,6 +234,23 @@ class SupervisedInstance:
             self._on_done(self, batch, exec_ns, [])
 
     # -- life and death ------------------------------------------------------------
+    def _serve_straight(self) -> None:
+        """While the new process lives, it reports what it ran to the scheduler itself:
+        no hop through this slot per batch. Not where a cancelled batch is killed after
+        its grace (each batch's watch is disarmed here when it is done)."""
+        process = self._process
+        self._straight = None
+        if (process is not None and self._kill_after is None
+                and process.report_to(self, self._on_done)):
+            self._straight = process
+            # Nor on the way in: while it is up, ``submit`` would only pass the batch on.
+            self.submit = process.submit  # type: ignore[method-assign]
+
+    def _not_straight(self) -> None:
+        """The process is gone: batches go through ``submit`` again (they wait for the
+        next process, or are refused once the slot gave up)."""
+        self.__dict__.pop("submit", None)
+
     async def _launch(self) -> InstanceProcess:
         process = self._make_process(self._process_done)
         await process.start()
@@ -239,6 +264,7 @@ class SupervisedInstance:
             if self._stopping:
                 return
             self._up = False
+            self._not_straight()
             await asyncio.sleep(0)  # the process kind answers its in-flight batch first
             self._sweep()
             delay = self._backoff.died()
@@ -273,6 +299,7 @@ class SupervisedInstance:
                 self._process = process
                 return False
             self._process, self._up = process, True
+            self._serve_straight()
             self.restarts += 1
             self._backoff.started()
             log.info("instance %s of model '%s' version %d restarted (pid %s, restart %d)",

@@ -102,13 +102,12 @@ def decode_small_request(
     outputs = message.outputs
     # The usual request names no version, parameters or outputs: it has no state to keep.
     state = GrpcRequestState(version_text) if version_text or params or outputs else None
-    request = InferenceRequest(
-        model_name=message.model_name,
-        inputs={},
-        model_version=parse_version(version_text) if version_text else None,
-        id=message.id,
-        frontend_state=state,
-    )
+    # Positional (model_name, inputs, model_version, id): keywords would build a dict for
+    # the class call, on every request.
+    request = InferenceRequest(message.model_name, {},
+                               parse_version(version_text) if version_text else None,
+                               message.id)
+    request.frontend_state = state
     if state is not None and params:
         _apply_parameters(request, state, params)
     raw = message.raw_input_contents

@@ -93,7 +93,8 @@ def decode_infer_request(
     json_end = _json_header_end(len(view), header_length, max_input_size)
     doc = parse_json_object(view[:json_end] if json_end != len(view) else view,
                             refuse_overflowing_data)
-    request = InferenceRequest(model_name=model_name, inputs={}, model_version=model_version)
+    # Positional: keywords would build a dict for the class call, on every request.
+    request = InferenceRequest(model_name, {}, model_version)
     # Optional fields absent from most requests are not handed to their decoders at all.
     if "id" in doc:
         request.id = _request_id(doc)
