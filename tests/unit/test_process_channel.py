@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tritium.core.errors import TritiumError
+from tritium.execution.process import channel as ch
 from tritium.execution.process import messages as msg
 from tritium.execution.process.channel import ChildLink, ParentChannel
 from tritium.execution.process.codec import FrameReader, decode, encode
@@ -263,3 +264,14 @@ async def _a_routed_message_goes_to_its_own_handler() -> None:
     assert type(first) is msg.Call and cancel == msg.CallCancel(first.call_id)
     assert pair.frames.empty()
     pair.close()
+
+
+def test_the_descriptors_an_instance_process_inherits_are_named() -> None:
+    fds = {"flags": 8, "out": 7, "in": 6, "link": 5}
+    value = ch.fds_value(fds)
+    assert value == "link=5,in=6,out=7,flags=8"
+    assert ch.parse_fds(value) == fds
+    for bad in ("5,6,7,8", "link=5,in=6,out=7", "link=5,in=6,out=7,flags=8,flags=9",
+                "link=5,in=6,out=x,flags=8", "link=5,in=6,up=7,flags=8"):
+        with pytest.raises(ValueError, match="TRITIUM_PROCESS_FDS"):
+            ch.parse_fds(bad)

@@ -22,7 +22,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tritium.core.cancellation import Cancellation
@@ -41,11 +41,33 @@ from tritium.execution.process.shm import ArenaReader, ArenaWriter
 if TYPE_CHECKING:
     import asyncio  # the child's end needs it only for an async model's calls
 
-FDS_ENV = "TRITIUM_PROCESS_FDS"  # the child's descriptors: socket, arena in, arena out, flags
+# The descriptors an instance process inherits, by name: ``link=5,in=6,out=7,flags=8`` (the
+# socket, the arena to it, the arena from it, the cancel flags).
+FDS_ENV = "TRITIUM_PROCESS_FDS"
+FD_NAMES = ("link", "in", "out", "flags")
 _READ_SIZE = 1 << 18
 FRAMES_PER_TURN = 64
 FLOOD_S = float(os.environ.get("TRITIUM_PROCESS_FLOOD_SECS", 10.0))
 _REPLIES = (msg.Reply, msg.ReplyError)
+
+
+def fds_value(fds: Mapping[str, int]) -> str:
+    """``FDS_ENV``'s value for ``fds`` (every name of ``FD_NAMES``)."""
+    return ",".join(f"{name}={fds[name]}" for name in FD_NAMES)
+
+
+def parse_fds(value: str) -> dict[str, int]:
+    """The descriptors ``FDS_ENV`` names; ValueError unless it names each of ``FD_NAMES``
+    once, each a number."""
+    fds: dict[str, int] = {}
+    for entry in value.split(","):
+        name, _, fd = entry.partition("=")
+        if name not in FD_NAMES or name in fds or not fd.isdigit():
+            raise ValueError(f"{FDS_ENV}: unexpected entry '{entry}'")
+        fds[name] = int(fd)
+    if len(fds) != len(FD_NAMES):
+        raise ValueError(f"{FDS_ENV} names {', '.join(fds)}; expected {', '.join(FD_NAMES)}")
+    return fds
 
 
 # -- the server's end --------------------------------------------------------------

@@ -55,7 +55,8 @@ def main() -> int:
 
         runpy.run_module(STUB_MODULE, run_name="__main__", alter_sys=True)
         return 0
-    for fd in os.environ.get(FDS_ENV, "").split(","):
+    for entry in os.environ.get(FDS_ENV, "").split(","):  # name=fd (channel.FDS_ENV)
+        fd = entry.partition("=")[2]
         if fd.isdigit():
             os.close(int(fd))
     status = _wait_for(instance)

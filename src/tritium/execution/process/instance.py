@@ -140,15 +140,15 @@ class ProcessInstance:
         up = create_memfd(f"{arena.name_prefix}{self.name}-out", DEFAULT_CAPACITY)
         self._writer = ArenaWriter(Mapping(down, DEFAULT_CAPACITY), arena.ring_bytes)
         self._reader = ArenaReader(Mapping(up, DEFAULT_CAPACITY))
-        fds = [child_sock.fileno(), down, up, self._flags.fd]
+        fds = {"link": child_sock.fileno(), "in": down, "out": up, "flags": self._flags.fd}
         env = dict(os.environ)
-        env[ch.FDS_ENV] = ",".join(map(str, fds))
+        env[ch.FDS_ENV] = ch.fds_value(fds)
         env[PARENT_PID_ENV] = str(os.getpid())
         if self.spawn_env is not None:
             env = self.spawn_env(env)
         try:
             self._process = await asyncio.create_subprocess_exec(
-                *self.spawn_command(self.info), pass_fds=fds, env=env)
+                *self.spawn_command(self.info), pass_fds=list(fds.values()), env=env)
         finally:
             child_sock.close()
             os.close(down)

@@ -289,8 +289,8 @@ def _load(link: ChildLink, info: InstanceInfo, config: Any, remote: Any) -> Any:
 
 
 def main() -> int:
-    fds = [int(fd) for fd in os.environ.pop(ch.FDS_ENV).split(",")]
-    sock_fd, down_fd, up_fd, flags_fd = fds
+    fds = ch.parse_fds(os.environ.pop(ch.FDS_ENV))
+    sock_fd, down_fd, up_fd, flags_fd = fds["link"], fds["in"], fds["out"], fds["flags"]
     link = ChildLink(socket.socket(fileno=sock_fd))
     try:
         init = _first_message(link)
