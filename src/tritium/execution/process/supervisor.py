@@ -243,13 +243,6 @@ class SupervisedInstance:
         if (process is not None and self._kill_after is None
                 and process.report_to(self, self._on_done)):
             self._straight = process
-            # Nor on the way in: while it is up, ``submit`` would only pass the batch on.
-            self.submit = process.submit  # type: ignore[method-assign]
-
-    def _not_straight(self) -> None:
-        """The process is gone: batches go through ``submit`` again (they wait for the
-        next process, or are refused once the slot gave up)."""
-        self.__dict__.pop("submit", None)
 
     async def _launch(self) -> InstanceProcess:
         process = self._make_process(self._process_done)
@@ -264,7 +257,6 @@ class SupervisedInstance:
             if self._stopping:
                 return
             self._up = False
-            self._not_straight()
             await asyncio.sleep(0)  # the process kind answers its in-flight batch first
             self._sweep()
             delay = self._backoff.died()
