@@ -170,6 +170,7 @@ def test_finished_children_leave_no_callback_on_the_parent() -> None:
 
 
 def test_a_finished_request_drops_its_callback_and_its_parents() -> None:
+    """What the service does when a request's final response is sent."""
     def scenario(loop: Loop) -> None:
         parent = Cancellation(loop)
         child = parent.child()
@@ -180,12 +181,13 @@ def test_a_finished_request_drops_its_callback_and_its_parents() -> None:
 
         child.add_callback(seen.append)
         child.add_callback(kept)
-        child.finished(kept)
+        child.remove_callback(kept)
+        child.detach()
         assert parent._callbacks == []  # it follows its parent no more
         parent.cancel(CancelReason.SHUTDOWN)
         assert not child.is_cancelled()
         child.cancel(CancelReason.CLIENT_CANCELLED)
-        assert seen == [child]  # the other callback still runs, the finished one not
+        assert seen == [child]  # the other callback still runs, the removed one not
 
     on_a_loop(scenario)
 

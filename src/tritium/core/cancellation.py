@@ -104,17 +104,6 @@ class Cancellation:
             if callbacks is not None and callback in callbacks:
                 callbacks.remove(callback)
 
-    def finished(self, callback: Callback) -> None:
-        """Its request is over: ``remove_callback(callback)`` and ``detach`` in one call
-        (run for every request)."""
-        with _lock:
-            callbacks = self._callbacks
-            if callbacks is not None and callback in callbacks:
-                callbacks.remove(callback)
-            follow, self._follow = self._follow, None
-        if follow is not None:
-            follow.detach()
-
     # -- following parents ---------------------------------------------------------
     def child(self, reason: CancelReason | None = None) -> Cancellation:
         """A cancellation on the same loop, cancelled when this one is (with ``reason``,

@@ -208,39 +208,49 @@ class InferenceService:
 
         Raises TritiumError when the request is not admitted (nothing is queued then).
         """
-        # A BLS child of a request that is still draining must be able to finish it.
-        if cancellation.loop is not self.loop or not (self.accepting or internal):
-            raise self._refusal(cancellation)
-        # One function from here to the end: one frame fewer on every request.
+        if cancellation.loop is not self.loop:
+            # Its callbacks would run on another loop's thread, racing the scheduler.
+            raise TritiumError(
+                ErrorCode.INTERNAL, "a request's cancellation must be made for the server's loop"
+            )
         try:
-            if (model is None or model.name != request.model_name
-                    or request.model_version not in (None, model.version)):
-                model = self.repository.resolve(request.model_name, request.model_version)
-            if model.decoupled and not allow_decoupled:
-                raise TritiumError(
-                    ErrorCode.UNSUPPORTED,
-                    f"model '{model.name}' uses the decoupled transaction policy, which this "
-                    "endpoint does not support; use a streaming endpoint",
-                )
-            batch_size = validate_request(request, model)
-            if cancellation.reason is not None:
-                raise cancellation.reason.to_error()
-            # A model's own request (BLS) cancelled by that model is only asked to stop, as
-            # Triton's TRITONSERVER_InferenceRequestCancel does: once executing, whatever
-            # the child still sends reaches the caller, who is still reading.
-            stream = ResponseStream(self.loop, None if internal else cancellation,
-                                    model.served_by)
-            admitted = AdmittedRequest(request, cancellation, stream, batch_size)
-            if request.trace is None:
-                trace = None
-                model.enqueue(admitted)
-            else:
-                trace = _traced_enqueue(model, admitted)
+            return self._admit(request, cancellation, allow_decoupled, internal, model)
         except BaseException:
             cancellation.detach()
             raise
 
-        # Admitted: its cancel and its end are followed from now on.
+    def _admit(self, request: InferenceRequest, cancellation: Cancellation,
+               allow_decoupled: bool, internal: bool, model: ModelHandle | None
+               ) -> ResponseStream:
+        # A BLS child of a request that is still draining must be able to finish it.
+        if not self.accepting and not internal:
+            raise TritiumError(
+                ErrorCode.UNAVAILABLE, "Server is shutting down and not accepting new requests"
+            )
+        if model is None or model.name != request.model_name or (
+                request.model_version is not None and request.model_version != model.version):
+            model = self.repository.resolve(request.model_name, request.model_version)
+        if model.decoupled and not allow_decoupled:
+            raise TritiumError(
+                ErrorCode.UNSUPPORTED,
+                f"model '{model.name}' uses the decoupled transaction policy, which this "
+                "endpoint does not support; use a streaming endpoint",
+            )
+        batch_size = validate_request(request, model)
+        if cancellation.reason is not None:
+            raise cancellation.reason.to_error()
+        # A model's own request (BLS) cancelled by that model is only asked to stop, as
+        # Triton's TRITONSERVER_InferenceRequestCancel does: once executing, whatever the
+        # child still sends reaches the caller, who is still reading.
+        stream = ResponseStream(self.loop, None if internal else cancellation,
+                                model.served_by)
+        admitted = AdmittedRequest(request, cancellation, stream, batch_size)
+        if request.trace is None:
+            trace = None
+            model.enqueue(admitted)
+        else:
+            trace = _traced_enqueue(model, admitted)
+
         def on_cancel(cancelled: Cancellation) -> None:
             assert cancelled.reason is not None
             if trace is not None:
@@ -259,23 +269,13 @@ class InferenceService:
                 trace.end(None if error is None else error.message, time.monotonic_ns())
             self._in_flight.discard(admitted)
             model.request_finished(admitted, stream.error)
-            cancellation.finished(on_cancel)
+            cancellation.remove_callback(on_cancel)
+            cancellation.detach()
 
         self._in_flight.add(admitted)
         stream.on_done = on_done
         cancellation.add_callback(on_cancel)
         return stream
-
-    def _refusal(self, cancellation: Cancellation) -> TritiumError:
-        """Why ``submit`` refuses a request before it looks at it."""
-        if cancellation.loop is not self.loop:
-            # Its callbacks would run on another loop's thread, racing the scheduler.
-            return TritiumError(
-                ErrorCode.INTERNAL, "a request's cancellation must be made for the server's loop"
-            )
-        cancellation.detach()
-        return TritiumError(
-            ErrorCode.UNAVAILABLE, "Server is shutting down and not accepting new requests")
 
     def in_flight(self) -> list[AdmittedRequest]:
         """Admitted requests whose final response has not been sent yet."""
