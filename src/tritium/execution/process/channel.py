@@ -121,20 +121,15 @@ class ParentChannel:
         (one write, without a callback to schedule and run)."""
         if self.closed:
             return
-        outgoing = self._outgoing
-        encode_onto(message, outgoing)
-        # ``_flush`` written out (a call fewer per batch); a flush still pending finds
-        # nothing left to write.
-        self._outgoing = bytearray()
-        if self._backlog:
-            self._backlog += outgoing
-        else:
-            self._write(outgoing)
+        encode_onto(message, self._outgoing)
+        self._write_outgoing()  # a flush still pending finds nothing left to write
 
     def _flush(self) -> None:
         self._flush_pending = False
-        if self.closed or not self._outgoing:
-            return
+        if not self.closed and self._outgoing:
+            self._write_outgoing()
+
+    def _write_outgoing(self) -> None:
         data, self._outgoing = self._outgoing, bytearray()
         if self._backlog:
             self._backlog += data
@@ -483,7 +478,7 @@ class ChildLink:
             # The server is trusted as far as the child goes: a frame it cannot read ends
             # the child's link as end of file would.
             try:
-                messages = self._frames.messages(self._view, count)
+                messages = decode_all(self._frames.take(self._view[:count], 1 << 30))
             except FrameError:
                 count = 0
         if not count:

@@ -134,19 +134,6 @@ class FrameReader:
         self.feed(data)
         return self.bodies(limit)
 
-    def messages(self, buffer: memoryview, count: int) -> list[Any]:
-        """``take`` every frame of the first ``count`` bytes of ``buffer`` and
-        ``decode_all`` them; a read that is exactly one frame costs one Python call (and
-        one slice: its body's copy)."""
-        if not self._pending and count > _HEAD:
-            (length,) = LENGTH.unpack_from(buffer)
-            if length + _HEAD == count and length <= MAX_FRAME:
-                try:
-                    return [_decode(bytearray(buffer[_HEAD:count]))]
-                except msgspec.MsgspecError as exc:
-                    raise _not_a_message(exc) from None
-        return decode_all(self.take(buffer[:count], 1 << 30))
-
     def bodies(self, limit: int) -> list[bytearray]:
         """Up to ``limit`` complete frame bodies, in order: each a copy of its own, writable
         (tensors that travel inline are views of it, and a model may write its inputs)."""
