@@ -9,12 +9,12 @@ import pytest
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.response import (
-    DeferredWakes,
     InferenceResponse,
     ResponseStream,
     StreamClosedError,
     model_scope,
     wake_all,
+    wakes,
 )
 
 
@@ -79,14 +79,18 @@ def test_deferred_wakes_hold_back_until_woken_and_model_code_sends_do_not() -> N
         woken: list[ResponseStream] = []
 
         def produce() -> None:
-            with DeferredWakes() as streams:
+            streams: list[ResponseStream] = []
+            wakes.deferred = streams
+            try:
                 held.send_nowait(InferenceResponse())
                 token = model_scope.set("model code")  # what it sends itself wakes now
                 try:
                     direct.send_nowait(InferenceResponse())
                 finally:
                     model_scope.reset(token)
-                woken.extend(streams)
+            finally:
+                wakes.deferred = None
+            woken.extend(streams)
 
         waiting = asyncio.ensure_future(held.receive())
         await asyncio.sleep(0)

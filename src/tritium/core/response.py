@@ -59,13 +59,19 @@ class InferenceResponse(msgspec.Struct):
 
 
 class _ThreadState(threading.local):
+    """A thread's wake-up state (``wakes``). Code that delivers many responses at once (the
+    batch runner around an ``execute``, the process kind around a DONE) sets ``deferred`` to
+    a list, and back to None in a ``finally``: the streams sent to meanwhile are collected
+    there, and one hop to the loop wakes them all (``wake_all``) instead of one per response
+    (an instance thread makes that hop anyway when ``execute`` returns). What model code
+    sends itself wakes at once (``model_scope``). Set directly, not by a context manager:
+    it happens for every batch, and a ``with`` costs three Python calls."""
+
     # A class default: read per response, a plain attribute costs less than getattr.
-    deferred: list[ResponseStream] | None = None  # set by DeferredWakes
+    deferred: list[ResponseStream] | None = None
 
 
-# This thread's wake-up state. The batch runner sets and clears ``deferred`` itself, as
-# DeferredWakes does: a context manager is three Python calls per batch.
-wakes = _thread_state = _ThreadState()
+wakes = _ThreadState()
 
 # The scope of the model code running in this context (the python backend sets it around
 # a model's ``execute``), None outside model code. What model code sends itself is never
@@ -75,25 +81,8 @@ wakes = _thread_state = _ThreadState()
 model_scope: ContextVar[Any] = ContextVar("tritium_model_scope", default=None)
 
 
-class DeferredWakes:
-    """Collects the wake-ups of streams sent to on this thread, so that one hop to the
-    loop delivers them all (an instance thread already makes that hop when ``execute``
-    returns; a second one per response would double the cross-thread cost). What model
-    code sends itself wakes at once (``model_scope``)."""
-
-    __slots__ = ("streams",)
-
-    def __enter__(self) -> list[ResponseStream]:
-        self.streams: list[ResponseStream] = []
-        _thread_state.deferred = self.streams
-        return self.streams
-
-    def __exit__(self, *exc: object) -> None:
-        _thread_state.deferred = None
-
-
 def wake_all(streams: list[ResponseStream]) -> None:
-    """Loop only: deliver what ``DeferredWakes`` held back."""
+    """Loop only: wake the streams ``wakes.deferred`` collected."""
     for stream in streams:
         stream._wake()
 
@@ -185,7 +174,7 @@ class ResponseStream:
             self._wake_pending = True
             # Deferred first: the loop defers too while it delivers what an instance
             # process returned, so that on_done decides when those wake (preserve_ordering).
-            deferred = _thread_state.deferred
+            deferred = wakes.deferred
             if deferred is not None and model_scope.get() is None:
                 deferred.append(self)
             elif self._on_loop():

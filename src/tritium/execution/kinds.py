@@ -72,7 +72,7 @@ class Instance(Protocol):
 
 
 # (instance, batch, nanoseconds execute took or -1 when it did not run, the streams whose
-# responses wait to be woken: the callback must wake them, see core.response.DeferredWakes)
+# responses wait to be woken: the callback must wake them, see core.response.wakes)
 DoneCallback = Callable[[Any, list[AdmittedRequest], int, list[ResponseStream]], None]
 # Creates and initializes the model code of one instance, given the server link through
 # which that code reaches the server (BLS, model control, metrics, logs).

@@ -28,7 +28,7 @@ log = logging.getLogger("tritium.execution")
 
 Token = TypeVar("Token")
 # (the batch's token, nanoseconds execute took or -1 when it did not run, the streams whose
-# wake-ups were held back while it ran: see core.response.DeferredWakes)
+# wake-ups were held back while it ran: see core.response.wakes)
 Report = Callable[[Token, int, list[ResponseStream]], None]
 
 
@@ -49,7 +49,7 @@ class BatchRunner(Generic[Token]):
         started = time.monotonic_ns()
         if self._placed:
             self._placement.widen()
-        # What DeferredWakes does, without its three Python calls per batch.
+        # The responses execute returns wake when the report says (core.response.wakes).
         woken: list[ResponseStream] = []
         wakes.deferred = woken
         try:

@@ -330,7 +330,7 @@ class ProcessInstance:
         # The responses execute returned wake when on_done says (as an instance thread's
         # do: the scheduler may hold them back to keep the dispatch order).
         woken: list[ResponseStream] = []
-        wakes.deferred = woken  # DeferredWakes without its two calls: once per batch
+        wakes.deferred = woken
         try:
             for body in done.responses:
                 self._deliver(body)
