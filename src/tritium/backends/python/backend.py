@@ -18,7 +18,7 @@ from tritium.backends.python.request import ReceivedRequest, RequestContext
 from tritium.backends.python.response import InferenceResponse
 from tritium.core import messages
 from tritium.core.errors import ErrorCode, TritiumError
-from tritium.core.request import RELEASE_RESCHEDULE, AdmittedRequest
+from tritium.core.request import AdmittedRequest
 from tritium.core.response import InferenceResponse as CoreResponse
 from tritium.core.response import StreamClosedError
 from tritium.core.tracing import (
@@ -232,7 +232,7 @@ def _returned_problem(received: list[ReceivedRequest], result: Any) -> str | Non
     for request, response in zip(received, result):  # noqa: B905 (one length: see _deliver)
         if response is None:
             continue
-        if request._admitted.release_flags == RELEASE_RESCHEDULE:  # rescheduled(), less a call
+        if request.rescheduled():
             return messages.PY_RESCHEDULED_RESPONSE.format(type=type(response))
         if not isinstance(response, InferenceResponse):
             return (

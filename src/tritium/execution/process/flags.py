@@ -75,9 +75,15 @@ class FlagView:
 
     def __init__(self, fd: int, slots: int) -> None:
         self._view = memoryview(mmap.mmap(fd, slots, mmap.MAP_SHARED, mmap.PROT_READ))
+        # A slot's flag reads the same for every request given that slot: one object each,
+        # made once (the server hands out the slots it freed last, so few are ever made).
+        self._cancellations: dict[int, SlotCancellation] = {}
 
     def cancellation(self, slot: int) -> SlotCancellation:
-        return SlotCancellation(self._view, slot)
+        cancellation = self._cancellations.get(slot)
+        if cancellation is None:
+            cancellation = self._cancellations[slot] = SlotCancellation(self._view, slot)
+        return cancellation
 
 
 class SlotCancellation:

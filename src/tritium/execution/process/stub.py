@@ -126,9 +126,6 @@ class InstanceServer:
         self._link = link
         self._backend = backend
         self._flags = flags
-        # A slot's flag, as requests read it, is the same for every request in that slot: one
-        # object each, made once (the server reuses the slots it freed last, so few are).
-        self._cancellations: dict[int, SlotCancellation] = {}
         self._writer: ArenaWriter = link.writer  # type: ignore[assignment]
         self._reader: ArenaReader = link.reader  # type: ignore[assignment]
         self._inbox: collections.deque[Any] = collections.deque()
@@ -169,13 +166,11 @@ class InstanceServer:
         tensors = self._reader.unpack(execute.inputs)
         requests: list[ChildRequest] = []
         unstarted: list[int] = []
-        cancellations = self._cancellations
+        cancellation_of = self._flags.cancellation
         at = 0
         for desc in execute.requests:  # one pass: every request of a small batch crosses
             slot, count = desc.slot, desc.inputs
-            cancellation = cancellations.get(slot)
-            if cancellation is None:
-                cancellation = cancellations[slot] = self._flags.cancellation(slot)
+            cancellation = cancellation_of(slot)
             if cancellation.is_cancelled():
                 unstarted.append(slot)
             else:
