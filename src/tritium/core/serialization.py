@@ -11,8 +11,7 @@ import numpy as np
 from tritium.core.errors import ErrorCode, TritiumError, invalid
 from tritium.core.types import DataType, Tensor
 
-# Read on every request through a module global: on Python 3.11 ``DataType.BYTES`` goes
-# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+# Enum members read on every request, as module globals (core/types.py says why).
 _BYTES = DataType.BYTES
 
 Buffer = bytes | bytearray | memoryview

@@ -13,6 +13,10 @@ import numpy as np
 _BY_WIRE: dict[str, DataType] = {}  # filled once the members exist, below
 
 
+# On Python 3.11 reading an enum member off its class (``DataType.BYTES``) goes through
+# EnumType's Python-level ``__getattr__``: ~75 ns, some ten times a module global's read. Code
+# that runs for every request reads the members it needs through module globals instead
+# (``_BYTES = DataType.BYTES``); so do the frontends for their own enums.
 class DataType(enum.Enum):
     """A Triton tensor data type: wire name, config name, numpy dtype, size, C enum."""
 

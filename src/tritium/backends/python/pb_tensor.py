@@ -37,7 +37,7 @@ _CODE_TO_NUMPY: dict[int, Any] = {
     if t is not DataType.BF16
 }
 _CPU_DEVICE = (1, 0)  # kDLCPU, device 0
-_BF16 = DataType.BF16  # a module global: an Enum member read is a Python-level lookup
+_BF16 = DataType.BF16  # read per tensor, as a module global (core/types.py says why)
 # The numpy dtypes that map straight to a Triton type (not BYTES, not BF16).
 _NUMERIC: dict[np.dtype, DataType] = {
     t.numpy: t for t in DataType if t not in (DataType.BYTES, DataType.BF16)

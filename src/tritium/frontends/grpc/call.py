@@ -18,8 +18,7 @@ from tritium.frontends.grpc.status import GrpcStatus
 from tritium.frontends.grpc.windows import RecvWindow, SendWindow
 from tritium.frontends.grpc.wire import length_prefixed
 
-# Read on every request through a module global: on Python 3.11 ``CallState.OPEN`` goes
-# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+# Enum members read on every request, as module globals (core/types.py says why).
 _OPEN = CallState.OPEN
 _CLOSED = CallState.CLOSED
 

@@ -37,8 +37,7 @@ from tritium.core.types import DataType, Tensor
 from tritium.core.validation import check_input, element_count
 from tritium.frontends.grpc import shared_memory as shm
 
-# Read on every request through a module global: on Python 3.11 ``DataType.BYTES`` goes
-# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+# Enum members read on every request, as module globals (core/types.py says why).
 _BYTES = DataType.BYTES
 _from_wire = DataType.from_wire
 

@@ -56,8 +56,7 @@ from tritium.frontends.grpc.wire import (
     trailers_block,
 )
 
-# Read on every request through a module global: on Python 3.11 ``CallState.HALF_CLOSED`` goes
-# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+# Enum members read on every request, as module globals (core/types.py says why).
 _HALF_CLOSED = CallState.HALF_CLOSED
 _CLOSED = CallState.CLOSED
 

@@ -27,8 +27,7 @@ from tritium.frontends.grpc.http2 import (
 from tritium.frontends.grpc.messages import Message, MessageReader, MessageTooLarge
 from tritium.frontends.grpc.windows import ByteBudget, RecvWindow
 
-# Read on every request through a module global: on Python 3.11 ``CallState.OPEN`` goes
-# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+# Enum members read on every request, as module globals (core/types.py says why).
 _OPEN = CallState.OPEN
 _CLOSED = CallState.CLOSED
 

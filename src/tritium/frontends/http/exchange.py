@@ -54,8 +54,7 @@ class _Progress(enum.Enum):
     COMPLETE = "whole response queued"
 
 
-# Members read on every request through module globals: on Python 3.11 ``_Progress.NONE``
-# goes through EnumType's Python-level __getattr__ hook, some ten times a global read.
+# Enum members read on every request, as module globals (core/types.py says why).
 _NONE = _Progress.NONE
 _STREAMING = _Progress.STREAMING
 _COMPLETE = _Progress.COMPLETE

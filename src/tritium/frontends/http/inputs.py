@@ -20,8 +20,7 @@ from tritium.core.validation import check_input, element_count
 from tritium.frontends.http import shared_memory as shm
 from tritium.frontends.http.tensor_data import InputLabel, array_from_json, flatten_json
 
-# Read on every request through a module global: on Python 3.11 ``DataType.BYTES`` goes
-# through EnumType's Python-level __getattr__ hook, some ten times a global read.
+# Enum members read on every request, as module globals (core/types.py says why).
 _BYTES = DataType.BYTES
 _from_wire = DataType.from_wire
 

@@ -44,8 +44,7 @@ class Phase(enum.Enum):
     BODY = "reading the body"
 
 
-# Members read on every request through module globals: on Python 3.11 ``Phase.BODY``
-# goes through EnumType's Python-level __getattr__ hook, some ten times a global read.
+# Enum members read on every request, as module globals (core/types.py says why).
 _IDLE = Phase.IDLE
 _HEAD = Phase.HEAD
 _BODY = Phase.BODY
