@@ -39,11 +39,7 @@ _HEAD = LENGTH.size
 def encode(message: Any) -> bytearray:
     """One frame: the length, then ``[tag, *fields]``."""
     frame = bytearray()
-    _encoder.encode_into(message, frame, _HEAD)  # as encode_onto, less its Python frame
-    length = len(frame) - _HEAD
-    if length > MAX_FRAME:
-        raise _too_large(message, length)
-    LENGTH.pack_into(frame, 0, length)
+    encode_onto(message, frame)
     return frame
 
 

@@ -312,8 +312,7 @@ class ProcessInstance:
             returned = self._returned
             if slot in returned:
                 returned.discard(slot)
-                del self._pending[slot]  # ``_release`` written out: once per request
-                self._flags.release(slot, request.cancellation)
+                self._release(slot)
             else:
                 self._finished.add(slot)
 
