@@ -177,15 +177,15 @@ class ParentChannel:
             self._paused = False
         frames = self._frames
         try:
-            bodies = (frames.bodies(FRAMES_PER_TURN) if waiting
-                      else frames.take(self._view[:count], FRAMES_PER_TURN))
+            messages = (decode_all(frames.bodies(FRAMES_PER_TURN)) if waiting
+                        else frames.messages(self._view, count, FRAMES_PER_TURN))
             routes, on_message = self.routes, self._on_message
-            for message in decode_all(bodies):
+            for message in messages:
                 routes.get(type(message), on_message)(message)
                 if self.closed:
                     return
             # Fewer than a turn's frames: bodies() stopped at the first incomplete one.
-            more = len(bodies) == FRAMES_PER_TURN and frames.has_frame()
+            more = len(messages) == FRAMES_PER_TURN and frames.has_frame()
         except FrameError as exc:
             self._broken(str(exc))
             return
@@ -478,7 +478,7 @@ class ChildLink:
             # The server is trusted as far as the child goes: a frame it cannot read ends
             # the child's link as end of file would.
             try:
-                messages = decode_all(self._frames.take(self._view[:count], 1 << 30))
+                messages = self._frames.messages(self._view, count, 1 << 30)
             except FrameError:
                 count = 0
         if not count:

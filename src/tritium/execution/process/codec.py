@@ -120,15 +120,19 @@ class FrameReader:
             self._at = 0
         self._pending += data
 
-    def take(self, data: memoryview, limit: int) -> list[bytearray]:
-        """``feed`` then ``bodies``; a read that is exactly one frame (the usual one, one
-        request at a time) is cut without buffering it first."""
-        if not self._pending and len(data) > _HEAD:
-            (length,) = LENGTH.unpack_from(data)
-            if length + _HEAD == len(data) and length <= MAX_FRAME:
-                return [bytearray(data[_HEAD:])]
-        self.feed(data)
-        return self.bodies(limit)
+    def messages(self, buffer: memoryview, count: int, limit: int) -> list[Any]:
+        """The messages of the first ``count`` bytes of ``buffer``: ``feed`` them, then up
+        to ``limit`` ``bodies``, decoded. A read that is exactly one frame (the usual one,
+        one request at a time) is cut and decoded at once, without buffering it first."""
+        if not self._pending and count > _HEAD:
+            (length,) = LENGTH.unpack_from(buffer)
+            if length + _HEAD == count and length <= MAX_FRAME:
+                try:
+                    return [_decode(bytearray(buffer[_HEAD:count]))]
+                except msgspec.MsgspecError as exc:
+                    raise _not_a_message(exc) from None
+        self.feed(buffer[:count])
+        return decode_all(self.bodies(limit))
 
     def bodies(self, limit: int) -> list[bytearray]:
         """Up to ``limit`` complete frame bodies, in order: each a copy of its own, writable
