@@ -136,7 +136,9 @@ def test_poll_mode_follows_the_repository(tmp_path: Path, strict: bool,
     server_box.append(server)
     expect(server, strict, True)
     add_model(repo, "bad_init", "bad_init", IO)
-    wait_until(lambda: state(server, "bad_init")[0] == "UNAVAILABLE", "bad_init failed", 60.0)
+    # found but not yet tried is listed UNAVAILABLE too, without a reason
+    wait_until(lambda: (row := state(server, "bad_init"))[0] == "UNAVAILABLE" and row[1] != "",
+               "bad_init failed", 60.0)
     expect(server, strict, False)
     shutil.rmtree(repo / "bad_init")
     # gone, and no longer held
