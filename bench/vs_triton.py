@@ -8,7 +8,8 @@ comes from the same minutes of a shared machine:
 
   1. identity [1,16] FP32 over HTTP and gRPC at concurrency 1 and 16: server CPU per inference
      of every process of each server (Triton: the server and its stubs; tritium: the server,
-     the guardians and the instance processes);
+     the guardians and the instance processes), and for the process kind how much of it
+     was the server's own process;
   2. 2 instances of a pure-Python ~4 ms execute (tests/models/busy.py), HTTP concurrency 4:
      infer/s.
 
@@ -41,7 +42,7 @@ sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 import grpc_infer  # noqa: E402
 import http_infer  # noqa: E402
-from driver import tree_cpu  # noqa: E402
+from driver import cpu_seconds, tree_cpu  # noqa: E402
 from metrics_side_by_side import start_triton, stop_triton  # noqa: E402
 from process_instances import EXECUTE_MS, calibrate  # noqa: E402
 from tests.server_process import TritiumProcess  # noqa: E402
@@ -74,13 +75,16 @@ def grpc_drive(url: str) -> Drive:
         grpc_infer.run(url, grpc_infer.request_bytes(model, 16), c, seconds))
 
 
-def window(pid: int, drive: Drive, model: str, c: int, seconds: float) -> tuple[float, float]:
-    """(infer/s, server CPU µs per inference) of one warmed-up window."""
+def window(pid: int, drive: Drive, model: str, c: int,
+           seconds: float) -> tuple[float, float, float]:
+    """(infer/s, CPU µs per inference of every process of the server, of its main process
+    alone) of one warmed-up window."""
     drive(model, c, 0.3)
-    cpu, wall = tree_cpu(pid), time.perf_counter()
+    cpu, main, wall = tree_cpu(pid), cpu_seconds(pid), time.perf_counter()
     count = len(drive(model, c, seconds))
-    wall, cpu = time.perf_counter() - wall, tree_cpu(pid) - cpu
-    return count / wall, cpu / count * 1e6
+    wall, cpu, main = (time.perf_counter() - wall, tree_cpu(pid) - cpu,
+                       cpu_seconds(pid) - main)
+    return count / wall, cpu / count * 1e6, main / count * 1e6
 
 
 class Servers:
@@ -110,13 +114,15 @@ def identity(servers: Servers, rounds: int, seconds: float) -> None:
     for protocol in ("HTTP", "gRPC"):
         for c in (1, 16):
             cpu: dict[str, list[float]] = {name: [] for name in servers.found}
+            main: dict[str, list[float]] = {name: [] for name in servers.found}
             rate: dict[str, list[float]] = {name: [] for name in servers.found}
             for _ in range(rounds):
                 for name, (pid, http, grpc) in servers.found.items():
                     drive = http if protocol == "HTTP" else grpc
-                    got_rate, got_cpu = window(pid, drive, "identity", c, seconds)
+                    got_rate, got_cpu, got_main = window(pid, drive, "identity", c, seconds)
                     rate[name].append(got_rate)
                     cpu[name].append(got_cpu)
+                    main[name].append(got_main)
             triton = median(cpu["triton"])
             cells = "  ".join(f"{name} {median(cpu[name]):6.1f} µs {median(rate[name]):5.0f}/s"
                               for name in servers.found)
@@ -124,6 +130,9 @@ def identity(servers: Servers, rounds: int, seconds: float) -> None:
                   f"{triton / median(cpu['process']):.2f}x  Triton/thread "
                   f"{triton / median(cpu['thread']):.2f}x  process/thread "
                   f"{median(cpu['process']) / median(cpu['thread']):.2f}x", flush=True)
+            served = median(main["process"])
+            print(f"{'':13s}process kind: server {served:6.1f} µs + instance processes "
+                  f"and guardians {median(cpu['process']) - served:5.1f} µs", flush=True)
 
 
 def parallel(servers: Servers, rounds: int, seconds: float) -> None:
