@@ -72,6 +72,7 @@ def main() -> None:
                           f"{time.monotonic() - started:.1f} s into the run", flush=True)
                 time.sleep(max(args.seconds - (time.monotonic() - started), 1))
         finally:
+            log = proxy.log()
             proxy.stop()
             for replica in replicas:
                 replica.stop()
@@ -84,6 +85,9 @@ def main() -> None:
                   f"{tally.failed[protocol]:4d}  in {elapsed:.1f} s, {clients} client(s)")
         for reason, count in tally.reasons.most_common():
             print(f"  {count:4d} x {reason}")
+        if sum(tally.failed.values()):  # what the proxy said of the replicas, for the why
+            for line in [line for line in log.splitlines() if "upstream" in line][-10:]:
+                print(f"  proxy: {line}")
 
 
 if __name__ == "__main__":

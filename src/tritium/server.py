@@ -323,6 +323,10 @@ async def _lame_duck(seconds: float, service: InferenceService, listeners: _List
     if listeners.grpc is not None:
         listeners.grpc.ask_clients_to_leave()
     await asyncio.sleep(seconds)
+    if listeners.grpc is not None:
+        # Still admitting: the calls of connections already taken, and those that crossed
+        # a GOAWAY, are served rather than refused (a proxy cannot send them elsewhere).
+        await listeners.grpc.stop_listening()
     log.info("lame duck over: %d request(s) in flight", len(service.in_flight()))
 
 
@@ -331,8 +335,11 @@ async def _shutdown(config: ServerConfig, service: InferenceService, manager: Mo
     """Refuse new work at once, drain what was admitted, cancel what outlives the exit
     timeout, finalize every model, then close the listeners.
 
-    Listeners stay open during the drain so probes and clients get a clear "not ready" /
-    "shutting down" answer instead of a refused connection.
+    The HTTP listener stays open during the drain, so that probes and clients get a clear
+    "not ready" / "shutting down" answer (503, which a proxy may retry elsewhere) instead
+    of a refused connection; the gRPC listener closes at once, as a gRPC server's does,
+    because the refusal a proxy can retry there is the refused connection (a gRPC call it
+    has sent cannot be sent again).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + config.exit_timeout_secs

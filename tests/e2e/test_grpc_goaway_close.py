@@ -42,6 +42,8 @@ def test_bytes_crossing_the_goaway_do_not_reset_the_connection(
         sock.sendall(PREFACE + frame(FrameType.SETTINGS, 0, 0, b""))
         assert sock.recv(65536)  # the server's SETTINGS: the connection is HTTP/2
         lame_duck_server.signal(signal.SIGTERM)
+        # The first GOAWAY and its PING, answered as a proxy answers: the final GOAWAY follows.
+        answer_the_leaving_ping(sock)
         deadline = time.monotonic() + 10
         while tcp_state(sock) != TCP_CLOSE_WAIT:  # the server's GOAWAY and FIN are here
             assert time.monotonic() < deadline, "the idle connection was not closed"
@@ -56,6 +58,23 @@ def test_bytes_crossing_the_goaway_do_not_reset_the_connection(
         while chunk := sock.recv(65536):
             received += chunk
         assert FrameType.GOAWAY in frame_types(received), received
+
+
+def answer_the_leaving_ping(sock: socket.socket) -> None:
+    received = b""
+    while True:
+        chunk = sock.recv(65536)
+        assert chunk, "closed before the PING that follows the first GOAWAY"
+        received += chunk
+        pos = 0
+        while pos + 9 <= len(received):
+            length = int.from_bytes(received[pos:pos + 3], "big")
+            if received[pos + 3] == FrameType.PING and not received[pos + 4] & 0x1 \
+                    and pos + 9 + length <= len(received):
+                payload = received[pos + 9:pos + 9 + length]
+                sock.sendall(frame(FrameType.PING, 0x1, 0, payload))
+                return
+            pos += 9 + length
 
 
 def frame_types(data: bytes) -> list[int]:

@@ -146,6 +146,7 @@ class Peer:
         self.h2.initiate_connection()
         self.replies: dict[int, Reply] = {}
         self.terminated: h2.events.ConnectionTerminated | None = None
+        self.after_goaway: list[bytes] = []  # frames h2 no longer reads, raw
         self._seen = 0  # writes already given to the client
 
     def pump(self) -> None:
@@ -161,10 +162,32 @@ class Peer:
         self.collect()
 
     def collect(self) -> None:
+        """The server's frames to the h2 client, one at a time: h2 reads nothing after a
+        GOAWAY (the PING that follows the first one would be a protocol error to it), so
+        from there they are kept raw in ``after_goaway``."""
         for data in self.output.writes[self._seen:]:
-            for event in self.h2.receive_data(data):
-                self._note(event)
+            at = 0
+            while at < len(data):
+                end = at + 9 + int.from_bytes(data[at:at + 3], "big")
+                if self.terminated is not None:
+                    self.after_goaway.append(data[at:end])
+                else:
+                    for event in self.h2.receive_data(data[at:end]):
+                        self._note(event)
+                at = end
         self._seen = len(self.output.writes)
+
+    def answer_ping(self) -> None:
+        """Acknowledge the PING that followed the server's first GOAWAY, as a client that
+        read both does."""
+        pings = [f for f in self.after_goaway if f[3] == FrameType.PING and not f[4] & 0x1]
+        assert pings, "no PING after the GOAWAY"
+        self.raw(frame(FrameType.PING, 0x1, 0, pings[-1][9:17]))
+
+    def goaways(self) -> list[tuple[int, int]]:
+        """(last stream id, error code) of each GOAWAY the server sent after the first."""
+        return [(int.from_bytes(f[9:13], "big"), int.from_bytes(f[13:17], "big"))
+                for f in self.after_goaway if f[3] == FrameType.GOAWAY]
 
     def _note(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.ConnectionTerminated):
@@ -467,13 +490,63 @@ def test_shut_down_ends_every_call_as_shutdown_and_closes() -> None:
     run(body())
 
 
-def test_go_away_with_no_calls_closes_at_once() -> None:
+def test_go_away_with_no_calls_closes_once_the_ping_is_answered() -> None:
     async def body() -> None:
         peer = Peer(Service())
         peer.pump()
         peer.conn.go_away()
+        await asyncio.sleep(0)  # flushed soon
         peer.collect()
+        # First every stream id there is, then a PING; the final GOAWAY when it comes back.
         assert peer.terminated is not None and peer.terminated.error_code == H2Error.NO_ERROR
+        assert peer.terminated.last_stream_id == (1 << 31) - 1
+        assert not peer.output.closed
+        peer.answer_ping()
+        await asyncio.sleep(0)
+        peer.collect()
+        assert peer.goaways() == [(0, H2Error.NO_ERROR)]
+        assert peer.output.closed
+    run(body())
+
+
+def test_a_stream_crossing_the_first_goaway_is_served() -> None:
+    """A client that opened a stream before it read the first GOAWAY (a proxy's HEADERS
+    crossing it on the wire) gets its answer; the final GOAWAY names that stream."""
+    async def body() -> None:
+        service = Service()
+        peer = Peer(service)
+        peer.pump()
+        peer.conn.go_away()
+        block = hpack.Encoder().encode([(":method", "POST"), (":path", "/t.S/Stream"),
+                                        ("content-type", "application/grpc")])
+        peer.conn.receive(frame(FrameType.HEADERS, END_HEADERS, 1, block))
+        call = await service.next_call()
+        assert call.stream_id == 1 and call.cancellation.reason is None
+        await asyncio.sleep(0)
+        peer.collect()
+        peer.answer_ping()
+        await asyncio.sleep(0)
+        peer.collect()
+        assert peer.goaways() == [(1, H2Error.NO_ERROR)]
+        assert not peer.output.closed  # its call is still running
+        peer.conn.lost()
+        await finished(call)
+    run(body())
+
+
+def test_a_peer_that_never_answers_the_ping_gets_the_final_goaway_in_time() -> None:
+    async def body() -> None:
+        peer = Peer(Service())
+        peer.pump()
+        peer.conn.go_away()
+        peer.conn.check_timeouts(peer.conn.now() + 1.0)
+        await asyncio.sleep(0)
+        peer.collect()
+        assert peer.goaways() == [] and not peer.output.closed
+        peer.conn.check_timeouts(peer.conn.now() + 10.0)
+        await asyncio.sleep(0)
+        peer.collect()
+        assert peer.goaways() == [(0, H2Error.NO_ERROR)]
         assert peer.output.closed
     run(body())
 
@@ -485,6 +558,9 @@ def test_go_away_refuses_new_streams_and_keeps_the_old() -> None:
         stream_id = peer.start("/t.S/Stream", end=False)
         call = await service.next_call()
         peer.conn.go_away()
+        await asyncio.sleep(0)
+        peer.collect()
+        peer.answer_ping()
         assert not peer.output.closed
         # h2 sends nothing after a GOAWAY: the late stream is raw bytes.
         block = hpack.Encoder().encode([(":method", "POST"), (":path", "/t.S/Echo"),
@@ -701,8 +777,13 @@ def test_go_away_lets_calls_finish_then_closes() -> None:
         stream_id = peer.start("/t.S/Stream", end=False)
         call = await service.next_call()
         peer.conn.go_away()
+        await asyncio.sleep(0)
         peer.collect()
         assert peer.terminated is not None and peer.terminated.error_code == H2Error.NO_ERROR
+        peer.answer_ping()
+        await asyncio.sleep(0)
+        peer.collect()
+        assert peer.goaways() == [(stream_id, H2Error.NO_ERROR)]
         assert not peer.output.closed
         writes = len(peer.output.writes)
         # h2 sends nothing more after a GOAWAY, and reads nothing: raw bytes both ways.

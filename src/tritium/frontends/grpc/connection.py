@@ -96,7 +96,13 @@ class GrpcConnection(ConnectionLife):
         self.flood = FloodGuard(limits.flood, now)
         self.reading = False  # a read is being handled: it flushes when it is done
         self.closed = False
-        self._going_away = False
+        self._going_away = False  # the final GOAWAY went out (lifecycle.py)
+        self._leaving_since: float | None = None  # when the first GOAWAY went out
+        # The server is leaving (its lame duck): a connection opened now is asked to leave
+        # once its first call has begun. Not before: a gRPC client that reads a GOAWAY
+        # before it has started a call takes the connection for a failed one.
+        self.leave_after_a_call = False
+        self.settled: Callable[[], None] = _nothing  # told when the final GOAWAY goes out
         # The server admits nothing any more: a new stream is refused as never processed
         # (REFUSED_STREAM), which clients and proxies may retry elsewhere, unlike an
         # UNAVAILABLE status after the call has begun.
@@ -144,7 +150,7 @@ class GrpcConnection(ConnectionLife):
     @property
     def going_away(self) -> bool:
         """A graceful GOAWAY was sent: the calls in flight finish, then the connection closes."""
-        return self._going_away
+        return self._going_away or self._leaving_since is not None
 
     # -- bytes out -------------------------------------------------------------------------
     def flush(self) -> None:
@@ -306,6 +312,8 @@ class GrpcConnection(ConnectionLife):
             self.count_reset()
             return
         self._start_call(stream_id, headers, ended)
+        if self.leave_after_a_call:
+            self.go_away()
 
     def _start_call(self, stream_id: int, headers: dict[str, str], ended: bool) -> None:
         path = headers.get(":path", "")
@@ -373,3 +381,7 @@ class GrpcConnection(ConnectionLife):
 
 def _jittered(age_s: float | None) -> float | None:
     return None if age_s is None else age_s * random.uniform(0.9, 1.1)
+
+
+def _nothing() -> None:
+    """What a connection outside a server (a unit test's) tells when it settles."""

@@ -99,6 +99,7 @@ class Control:
         if len(payload) != 8:
             raise ProtocolViolation(H2Error.FRAME_SIZE_ERROR, "PING payload is not 8 bytes")
         if flags & ACK:
+            conn.ping_answered(bytes(payload))
             return
         if not conn.flood.allow_ping(conn.now()):
             raise ProtocolViolation(H2Error.ENHANCE_YOUR_CALM, "too_many_pings")

@@ -5,18 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tritium.core.cancellation import CancelReason
 from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits
 from tritium.frontends.grpc.call_state import CallState
 from tritium.frontends.grpc.frames import FrameReader, http1_refusal
-from tritium.frontends.grpc.http2 import H2Error, goaway
+from tritium.frontends.grpc.http2 import FrameType, H2Error, frame, goaway
 from tritium.frontends.grpc.inbound import Inbound
 from tritium.frontends.grpc.sending import Outbox, Output
 from tritium.frontends.grpc.status import GrpcStatus
 
 log = logging.getLogger("tritium.grpc")
+
+# A graceful GOAWAY comes in two (RFC 9113 §6.8): the first names the highest stream id there
+# is and is followed by a PING; a stream the peer opened before it read them (its HEADERS
+# crossing ours on the wire) is still taken. The PING's answer, or _PING_ANSWER_S without
+# one, brings the final GOAWAY, naming the last stream taken; only streams after that one
+# are refused. A one-step GOAWAY refuses the crossing streams, and a proxy (nginx) cannot
+# send an already-sent gRPC call elsewhere: its client gets an error.
+_ALL_STREAMS = (1 << 31) - 1
+LEAVING_PING = b"leaving!"  # the payload of the PING between the two GOAWAYs (8 bytes)
+_PING_ANSWER_S = 2.0
 
 
 class ConnectionLife:
@@ -38,6 +49,8 @@ class ConnectionLife:
         _loop: asyncio.AbstractEventLoop
         _writable: asyncio.Future[None] | None
         _going_away: bool
+        _leaving_since: float | None
+        settled: Callable[[], None]
         _close_after_flush: bool
         last_stream: int
 
@@ -76,6 +89,9 @@ class ConnectionLife:
             if now - self.opened_at > limits.preface_timeout_s:
                 self._output.close()
             return
+        if self._leaving_since is not None and not self._going_away \
+                and now - self._leaving_since > _PING_ANSWER_S:
+            self._final_goaway()  # the peer never answered the PING
         if self._max_age is not None and now - self.opened_at > self._max_age:
             self._leave_for_age(now)
         if not self.calls and now - self.idle_since > limits.idle_timeout_s:
@@ -104,13 +120,41 @@ class ConnectionLife:
             self.shut_down(GrpcStatus.UNAVAILABLE, "the connection reached its maximum age")
 
     def go_away(self) -> None:
-        """Refuse new streams; close once the calls in flight have finished."""
-        if self.closed or self._going_away:
+        """Ask the peer to leave, gracefully (the first GOAWAY and its PING): the streams it
+        opens until the final GOAWAY are still served; after it, new ones are refused, and
+        the connection closes once the calls in flight have finished."""
+        if self.closed or self._going_away or self._leaving_since is not None:
             return
         if not self._reader.preface_seen:  # not an HTTP/2 connection yet: nothing to say
             self._output.close()
             return
+        self._leaving_since = self._loop.time()
+        self.outbox.out.append(goaway(_ALL_STREAMS, H2Error.NO_ERROR))
+        self.outbox.out.append(frame(FrameType.PING, 0, 0, LEAVING_PING))
+        self.flush_soon()
+
+    @property
+    def http2(self) -> bool:
+        """The peer's preface has arrived: frames can be sent to it."""
+        return self._reader.preface_seen
+
+    @property
+    def may_open_streams(self) -> bool:
+        """The peer may still open a stream it expects served: the final GOAWAY has not
+        gone out."""
+        return not self.closed and not self._going_away
+
+    def ping_answered(self, payload: bytes) -> None:
+        """The peer acknowledged a PING of ours: the one after the first GOAWAY means it has
+        read that GOAWAY and opens nothing more."""
+        if payload == LEAVING_PING and self._leaving_since is not None:
+            self._final_goaway()
+
+    def _final_goaway(self) -> None:
+        if self.closed or self._going_away:
+            return
         self._going_away = True
+        self.settled()
         self.outbox.out.append(goaway(self.last_stream, H2Error.NO_ERROR))
         self._close_after_flush = not self.calls
         self.flush_soon()

@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import ssl
+from collections.abc import Callable
 
 from tritium.core.inflight import InFlight
 from tritium.frontends.grpc.call import Call, GrpcLimits, Router
@@ -28,6 +31,9 @@ _WRITE_HIGH_WATER = 4 * 1024 * 1024
 _SWEEP_S = 1.0
 # How long a closed connection still reads (and drops) what its peer had already sent.
 _LINGER_S = 2.0
+# How long the end of a lame duck waits for its connections' final GOAWAYs (a peer that does
+# not answer the PING gets its final GOAWAY within _PING_ANSWER_S and a sweep).
+_LEAVE_WAIT_S = 4.0
 
 
 class GrpcEndpoint:
@@ -43,6 +49,8 @@ class GrpcEndpoint:
         self.calls: InFlight[Call] = InFlight()
         self.connections: set[GrpcProtocol] = set()
         self.refusing_calls = False  # see GrpcConnection.refusing_calls
+        self.leaving = False  # see GrpcConnection.leave_after_a_call
+        self.settled = asyncio.Event()  # a connection had its final GOAWAY, or ended
 
 
 class GrpcProtocol(asyncio.Protocol):
@@ -69,6 +77,8 @@ class GrpcProtocol(asyncio.Protocol):
                                    budget=endpoint.peers.join(self._peer),
                                    calls=endpoint.calls)
         self.conn.refusing_calls = endpoint.refusing_calls
+        self.conn.leave_after_a_call = endpoint.leaving
+        self.conn.settled = endpoint.settled.set
         endpoint.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -79,6 +89,7 @@ class GrpcProtocol(asyncio.Protocol):
         if self._linger is not None:
             self._linger.cancel()
         self._endpoint.connections.discard(self)
+        self._endpoint.settled.set()
         if self.conn is not None:
             self.conn.lost()
             self._endpoint.peers.leave(self._peer)
@@ -136,9 +147,11 @@ class GrpcServer:
     """A started gRPC endpoint; ``port`` is the bound port (useful when asked for 0)."""
 
     def __init__(self, server: asyncio.Server, endpoint: GrpcEndpoint,
+                 factory: Callable[[], asyncio.Protocol],
                  handshakes: Handshakes | None = None):
         self._server = server
         self._endpoint = endpoint
+        self._factory = factory  # what makes a listener's connection (TLS or not)
         self._handshakes = handshakes
         self.port: int = server.sockets[0].getsockname()[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -146,14 +159,62 @@ class GrpcServer:
     def ask_clients_to_leave(self) -> None:
         """A graceful GOAWAY on every connection: calls in flight finish, and clients open
         their next call on a new connection (through their load balancer, elsewhere). New
-        connections are still served."""
+        connections are still served, and asked to leave as soon as they are open: a proxy
+        that has not noticed yet (nginx checks nothing) keeps no connection here."""
+        self._endpoint.leaving = True
         for shell in list(self._endpoint.connections):
-            if shell.conn is not None:
-                shell.conn.go_away()
+            conn = shell.conn
+            if conn is None:
+                continue
+            if conn.http2:
+                conn.go_away()
+            else:  # its preface is on the way: its first call is served, as a new one's
+                conn.leave_after_a_call = True
+
+    async def stop_listening(self) -> None:
+        """Take no more connections, lose none the kernel has already taken, and return
+        once no open connection's peer may still open a stream expecting it served (every
+        one has had its final GOAWAY), or after _LEAVE_WAIT_S. From then on a proxy that
+        sends here gets a refused connection, which it retries on another server.
+
+        Closing a listening socket resets the connections in its accept queue, whose first
+        call a proxy has already written, and so can no longer send elsewhere: they are
+        accepted first (in one pass, without yielding to the loop) and served."""
+        loop = asyncio.get_running_loop()
+        accepted: list[socket.socket] = []
+        for listener in self._server.sockets:
+            taking = socket.socket(fileno=os.dup(listener.fileno()))
+            taking.setblocking(False)
+            try:
+                while True:
+                    accepted.append(taking.accept()[0])
+            except OSError:  # BlockingIOError: the queue is empty
+                pass
+            finally:
+                taking.close()
+        self._server.close()
+        for sock in accepted:
+            sock.setblocking(False)
+            await loop.connect_accepted_socket(self._factory, sock)
+        self.ask_clients_to_leave()
+        endpoint = self._endpoint
+        deadline = loop.time() + _LEAVE_WAIT_S
+        while any(shell.conn is not None and shell.conn.may_open_streams
+                  for shell in endpoint.connections):
+            endpoint.settled.clear()  # set when a connection has its final GOAWAY, or ends
+            try:
+                await asyncio.wait_for(endpoint.settled.wait(), deadline - loop.time())
+            except TimeoutError:
+                return
 
     def refuse_new_calls(self) -> None:
-        """From now on every new call, on any connection, is refused unprocessed (the
-        server stopped admitting: a client or proxy can retry it on another server)."""
+        """From now on every new call, on any connection, is refused unprocessed, and new
+        connections are refused: the server stopped admitting, and a client or proxy can
+        send the call to another server (a proxy retries a refused connection, which it
+        cannot do with a gRPC call it already sent)."""
+        self._server.close()
+        if self._handshakes is not None:
+            self._handshakes.close()
         self._endpoint.refusing_calls = True
         for shell in list(self._endpoint.connections):
             if shell.conn is not None:
@@ -210,4 +271,4 @@ async def start_grpc_server(routes: Router, address: str, port: int, *,
                                           reuse_address=True)
     except OSError as exc:
         raise OSError(f"gRPC endpoint cannot bind {address}:{port}: {exc.strerror}") from None
-    return GrpcServer(server, endpoint, handshakes)
+    return GrpcServer(server, endpoint, factory, handshakes)
