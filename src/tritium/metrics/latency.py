@@ -61,11 +61,10 @@ def summary_families(models: Sequence[tuple[Any, ModelStatistics, dict[str, str]
             if name in _ZERO_STAGES:
                 values = [v if math.isnan(v) else 0.0 for v in values]
             totals = read(stats)
-            # prometheus-cpp's order: count, sum, then each quantile with its label last.
+            # prometheus-cpp's order: count, sum, then each quantile.
             family.add_sample(f"{name}_count", labels, totals.count)
             family.add_sample(f"{name}_sum", labels, totals.ns // 1000)
-            ordered = dict(sorted(labels.items()))
             for quantile, value in zip(names, values, strict=True):
-                family.add_sample(name, {**ordered, "quantile": quantile}, value)
+                family.add_sample(name, {**labels, "quantile": quantile}, value)
         if family.samples:
             yield family
