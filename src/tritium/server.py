@@ -15,6 +15,7 @@ from typing import Any
 from tritium.config import GrpcLimitSettings, ServerConfig
 from tritium.core import offload, summaries
 from tritium.core.descriptors import default_connection_cap
+from tritium.core.first_response import FirstResponseHistogram, configured_buckets
 from tritium.core.header_forward import header_forward
 from tritium.core.response_cache import ResponseCache
 from tritium.core.restrictions import ApiGroup, by_group
@@ -155,15 +156,21 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
 
 
 def _latency_metrics(config: ServerConfig) -> Callable[[Any], None] | None:
-    """What each model version gets for --metrics-config's latency summaries; None
-    when they are off, so no request pays for them."""
+    """What each model version gets for --metrics-config's latency summaries and first
+    response histogram, before it serves; a model asks nothing per request of either
+    while it is off."""
     latency = config.features.metrics.latency
-    if not (config.allow_metrics and latency.summaries):
+    if not config.allow_metrics:
         return None
 
     def instrument(model: Any) -> None:
-        summaries.arm(model.statistics(), latency.quantiles,
-                      cached=getattr(model, "cache", None) is not None)
+        if latency.summaries:
+            summaries.arm(model.statistics(), latency.quantiles,
+                          cached=getattr(model, "cache", None) is not None)
+        # Read whether or not the histogram is on: Triton warns of a family it cannot tune.
+        buckets = configured_buckets(model.config, model.name)
+        if latency.histograms and hasattr(model, "first_response"):
+            model.first_response = FirstResponseHistogram(buckets)
 
     return instrument
 

@@ -19,6 +19,14 @@ from tests.zoo import _tensor, add_model
 IO = _tensor("input", "INPUT0", "FP32", "1") + _tensor("output", "OUTPUT0", "FP32", "1")
 REQUESTS = 6
 SUMMARIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+# Buckets of the first response histogram chosen by the model; a family that cannot be
+# tuned is warned about.
+TUNED = """model_metrics { metric_control [
+  { metric_identifier { family: "nv_inference_first_response_histogram_ms" }
+    histogram_options { buckets: [ 0, 60000 ] } },
+  { metric_identifier { family: "nv_inference_count" }
+    histogram_options { buckets: [ 1 ] } } ] }
+"""
 SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
 
 
@@ -27,14 +35,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritiumProcess]
     repo = tmp_path_factory.mktemp("metrics_config")
     add_model(repo, "identity", "identity", IO)
     add_model(repo, "raises", "raises", IO)
+    add_model(repo, "tuned", "identity", IO + TUNED)
     server = TritiumProcess(repo, "--metrics-config=counter_latencies=false",
                             "--metrics-config=summary_latencies=true",
-                            "--metrics-config=summary_quantiles=0.5:0.01,0.99:0.001").start()
+                            "--metrics-config=summary_quantiles=0.5:0.01,0.99:0.001",
+                            "--metrics-config=histogram_latencies=true").start()
     client = httpclient.InferenceServerClient(server.http_url)
     tensor = httpclient.InferInput("INPUT0", [1], "FP32")
     tensor.set_data_from_numpy(np.zeros([1], dtype=np.float32))
     for _ in range(REQUESTS):
         client.infer("identity", [tensor])
+        client.infer("tuned", [tensor])
     with pytest.raises(InferenceServerException):
         client.infer("raises", [tensor])
     yield server
@@ -105,3 +116,34 @@ def test_summary_text_is_prometheus_summary(served: TritiumProcess) -> None:
     assert lines[2].startswith(
         'nv_inference_queue_summary_us{model="identity",quantile="0.5",version="1"} ')
     assert 'quantile="0.99"' in lines[3]
+
+
+def buckets(found: dict[tuple[str, frozenset[tuple[str, str]]], float], model: str
+            ) -> dict[str, float]:
+    name = "nv_inference_first_response_histogram_ms_bucket"
+    return {dict(labels)["le"]: value for (sample, labels), value in found.items()
+            if sample == name and ("model", model) in labels}
+
+
+def test_first_response_histogram(served: TritiumProcess) -> None:
+    found = samples(served)
+    name = "nv_inference_first_response_histogram_ms"
+    for model in ("identity", "tuned"):
+        labels = frozenset({"model": model, "version": "1"}.items())
+        count = found[(f"{name}_count", labels)]
+        assert count == REQUESTS, model
+        counts = buckets(found, model)
+        assert counts["+Inf"] == count, model
+        values = list(counts.values())
+        assert values == sorted(values), f"{model}: buckets are cumulative"
+        assert 0 <= found[(f"{name}_sum", labels)] <= 60000 * count
+    # Bounds as Triton prints them.
+    assert list(buckets(found, "identity")) == ["100", "500", "2000", "5000", "+Inf"]
+    tuned = buckets(found, "tuned")
+    assert list(tuned) == ["0", "60000", "+Inf"]
+    assert tuned["60000"] == REQUESTS  # every request answered within a minute
+    # A failed request's error response is a first response too.
+    raised = frozenset({"model": "raises", "version": "1"}.items())
+    assert found[(f"{name}_count", raised)] == 1
+    served.wait_for_line("Metric family 'nv_inference_count' in 'metric_identifier' is not a "
+                         "customizable metric in Triton core.")

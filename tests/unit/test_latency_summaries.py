@@ -1,5 +1,6 @@
 """The summaries' quantile window: exact while few values, within the relative error asked
-for beyond; prometheus-cpp's sliding minute; and how a model's statistics feed it."""
+for beyond; prometheus-cpp's sliding minute; how a model's statistics feed it; and the
+first response histogram's buckets."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import math
 import random
 
 import pytest
+from google.protobuf import text_format
 
+from tritium.core.config_pb import model_config_pb2
+from tritium.core.first_response import (
+    DEFAULT_BUCKETS_MS,
+    FirstResponseHistogram,
+    configured_buckets,
+)
 from tritium.core.statistics import ModelStatistics
 from tritium.core.summaries import (
     EXACT_LIMIT,
@@ -132,3 +140,26 @@ def test_unarmed_statistics_have_no_windows() -> None:
     assert all(window_of(stats, stage) is None
                for stage in ("success", "queue", "compute_infer", "cache_hit"))
     assert type(stats.batches[1]) is not ObservedDuration
+
+
+def test_first_response_histogram_buckets_are_cumulative() -> None:
+    histogram = FirstResponseHistogram((500, 100))
+    for ms in (0, 100, 101, 499, 7000):
+        histogram.observe(ms)
+    cumulative, total = histogram.snapshot()
+    assert histogram.bounds == (100, 500)
+    assert cumulative == [2, 4, 5]  # <= 100, <= 500, +Inf (the count)
+    assert total == 0 + 100 + 101 + 499 + 7000
+
+
+def test_a_model_config_chooses_the_histogram_buckets(caplog: pytest.LogCaptureFixture) -> None:
+    config = model_config_pb2.ModelConfig()
+    assert configured_buckets(config, "m") == DEFAULT_BUCKETS_MS == (100, 500, 2000, 5000)
+    text_format.Parse(
+        'model_metrics { metric_control [ { metric_identifier { family: "nv_unknown" } '
+        'histogram_options { buckets: [ 3 ] } }, { metric_identifier { family: '
+        '"nv_inference_first_response_histogram_ms" } histogram_options { buckets: [ 1, 2.5 ] '
+        '} } ] }', config)
+    assert configured_buckets(config, "m") == (1, 2.5)
+    assert "Metric family 'nv_unknown' in 'metric_identifier' is not a customizable metric" \
+        in caplog.text

@@ -229,6 +229,8 @@ class TritonCollector(Collector):
         if self._latency.summaries:
             quantiles = [q for q, _ in self._latency.quantiles]
             yield from latency.summary_families(models, quantiles)
+        if self._latency.histograms:
+            yield from latency.first_response_family(models)
         yield self._failures(models)
         yield self._pending(models)
         yield self._load_time(models)

@@ -8,10 +8,12 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client.core import Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 
+from tritium.core.first_response import FAMILY as FIRST_RESPONSE
 from tritium.core.statistics import Duration, ModelStatistics
 from tritium.core.summaries import window_of
+from tritium.metrics.labels import label_names, label_values
 
 # (name, help, the statistics' stage its quantiles come from, how to read its totals).
 # Input and output handling run inside execute() and count as 0 us per execution, so
@@ -43,7 +45,7 @@ SUMMARIES: tuple[tuple[str, str, str, Callable[[ModelStatistics], Duration]], ..
 )
 _ZERO_STAGES = ("nv_inference_compute_input_summary_us",
                 "nv_inference_compute_output_summary_us")
-NAMES = tuple(name for name, _, _, _ in SUMMARIES)
+NAMES = (*(name for name, _, _, _ in SUMMARIES), FIRST_RESPONSE)
 
 
 def summary_families(models: Sequence[tuple[Any, ModelStatistics, dict[str, str]]],
@@ -68,3 +70,21 @@ def summary_families(models: Sequence[tuple[Any, ModelStatistics, dict[str, str]
                 family.add_sample(name, {**labels, "quantile": quantile}, value)
         if family.samples:
             yield family
+
+
+def first_response_family(models: Sequence[tuple[Any, ModelStatistics, dict[str, str]]]
+                          ) -> Iterator[Metric]:
+    """``nv_inference_first_response_histogram_ms``, for the versions that keep it (each
+    with its own buckets)."""
+    kept = [(model.first_response, labels) for model, _, labels in models
+            if getattr(model, "first_response", None) is not None]
+    family = HistogramMetricFamily(
+        FIRST_RESPONSE, "Duration from request to first response in milliseconds",
+        labels=(names := label_names(models)))
+    for histogram, labels in kept:
+        cumulative, total = histogram.snapshot()
+        bounds = [f"{bound:.16g}" for bound in histogram.bounds] + ["+Inf"]
+        family.add_metric(label_values(labels, names), list(zip(bounds, cumulative,
+                                                                strict=True)), total)
+    if kept:
+        yield family
