@@ -4,6 +4,7 @@ flags into the newer ones as tritonserver does (the newer one wins)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from tritium import cli_flags
@@ -12,6 +13,7 @@ from tritium.feature_config import (
     BackendConfig,
     CacheConfig,
     FeatureConfig,
+    LatencyMetrics,
     LogConfig,
     MetricsConfig,
     ProcessArenaSettings,
@@ -105,7 +107,10 @@ def warnings(args: argparse.Namespace, backends: BackendConfig) -> list[str]:
     if args.strict_model_config is not None:
         deprecated.append("'--strict-model-config' is deprecated (it still works): use "
                           "'--disable-auto-complete-config' instead")
-    return deprecated + found.warnings()
+    ignored = metrics_latency(tuple(args.metrics_config or ()))[1]
+    metrics = (["--metrics-config settings ignored, as tritonserver ignores them: "
+                + "; ".join(ignored)] if ignored else [])
+    return deprecated + found.warnings() + metrics
 
 
 def features(args: argparse.Namespace) -> FeatureConfig:
@@ -118,10 +123,62 @@ def features(args: argparse.Namespace) -> FeatureConfig:
             allow_cpu_metrics=bool(args.allow_metrics and args.allow_cpu_metrics is not False),
             interval_ms=args.metrics_interval_ms if args.metrics_interval_ms is not None
             else 2000.0,
-            settings=tuple(args.metrics_config or ())),
+            settings=tuple(args.metrics_config or ()),
+            latency=metrics_latency(tuple(args.metrics_config or ()))[0]),
         backends=BackendConfig(*group(list(args.backend_config or []))),
         host_policies=tuple(args.host_policy or ()),
     )
+
+
+_METRICS_KEYS = ("counter_latencies", "summary_latencies", "summary_quantiles",
+                 "histogram_latencies")
+
+
+def metrics_latency(pairs: tuple[tuple[str, str], ...]) -> tuple[LatencyMetrics, list[str]]:
+    """--metrics-config as tritonserver reads it, and a note for each setting it ignores:
+    an unknown key, a switch that is neither true nor false (only ``false`` turns the
+    counters off, only ``true`` turns summaries or histograms on), a quantile pair that
+    does not parse. A quantile or error outside [0, 1] is refused."""
+    latency = LatencyMetrics()
+    notes: list[str] = []
+    for key, value in pairs:
+        if key not in _METRICS_KEYS:
+            notes.append(f"{key}={value} (not a metrics setting: {', '.join(_METRICS_KEYS)})")
+        elif key == "summary_quantiles":
+            quantiles = _quantiles(value, notes)
+            if quantiles:
+                latency = replace(latency, quantiles=quantiles)
+        elif value not in ("true", "false"):
+            notes.append(f"{key}={value} (expected true or false)")
+        elif key == "counter_latencies" and value == "false":
+            latency = replace(latency, counters=False)
+        elif key == "summary_latencies" and value == "true":
+            latency = replace(latency, summaries=True)
+        elif key == "histogram_latencies" and value == "true":
+            latency = replace(latency, histograms=True)
+    return latency, notes
+
+
+def _quantiles(text: str, notes: list[str]) -> tuple[tuple[float, float], ...]:
+    """``q:err,...``; a pair that does not parse is skipped, as tritonserver skips it."""
+    found = []
+    for pair in text.split(","):
+        head, colon, tail = pair.partition(":")
+        if not colon:
+            notes.append(f"summary_quantiles: Invalid option: [{pair}]. No ':' delimiter "
+                         "found. Expected format is <quantile>:<error>")
+            continue
+        try:
+            quantile, error = float(head), float(tail)
+        except ValueError:
+            notes.append(f"summary_quantiles: Invalid option: [{pair}]. Expected numbers "
+                         "<quantile>:<error>")
+            continue
+        if not (0 <= quantile <= 1 and 0 <= error <= 1):
+            raise FlagError(f"--metrics-config summary_quantiles: quantile and error must "
+                            f"be between 0 and 1, got '{pair}'")
+        found.append((quantile, error))
+    return tuple(found)
 
 
 def log_config(args: argparse.Namespace) -> LogConfig:

@@ -128,8 +128,9 @@ FLAGS: tuple[TritonFlag, ...] = (
                "nv_cpu_utilization and nv_cpu_memory_*_bytes, read from /proc"),
     TritonFlag("metrics-interval-ms", v.positive_number, DONE,
                "how often per-interval metrics (CPU) and the live page's history are read"),
-    TritonFlag("metrics-config", v.key_value("metrics-config"), LATER, "metrics settings",
-               repeat=True),
+    TritonFlag("metrics-config", v.key_value("metrics-config"), DONE,
+               "counter_latencies, summary_latencies, summary_quantiles, "
+               "histogram_latencies", repeat=True),
     # -- tracing
     TritonFlag("trace-config", v.trace_setting, DONE, "tracing", repeat=True),
     TritonFlag("trace-file", str, DONE, "tracing"),

@@ -114,7 +114,7 @@ def key_value(option: str) -> Callable[[str], tuple[str, str]]:
         key, found, value = text.partition("=")
         if not found or not key or not value or "," in key:
             raise argparse.ArgumentTypeError(
-                f"--{option} takes <setting>=<value>, got '{text}'")
+                f"--{option} option format is <setting>=<value>. Got {text}")
         return key, value
 
     return parse

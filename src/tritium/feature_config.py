@@ -57,11 +57,27 @@ class RateLimitConfig:
     resources: tuple[tuple[str, int, int], ...] = ()
 
 
+# Triton's summary quantiles and the error each is asked with.
+DEFAULT_QUANTILES: tuple[tuple[float, float], ...] = (
+    (0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyMetrics:
+    """--metrics-config: how per-model latencies are exposed."""
+
+    counters: bool = True  # counter_latencies: the nv_inference_*_duration_us counters
+    summaries: bool = False  # summary_latencies
+    quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES  # summary_quantiles
+    histograms: bool = False  # histogram_latencies: first response histogram
+
+
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
     allow_cpu_metrics: bool = True
     interval_ms: float = 2000.0
-    settings: Pairs = ()  # --metrics-config
+    settings: Pairs = ()  # --metrics-config, as given
+    latency: LatencyMetrics = field(default_factory=LatencyMetrics)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,12 +8,14 @@ import logging
 import os
 import signal
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tritium.config import GrpcLimitSettings, ServerConfig
-from tritium.core import offload
+from tritium.core import offload, summaries
 from tritium.core.descriptors import default_connection_cap
+from tritium.core.first_response import FirstResponseHistogram, configured_buckets
 from tritium.core.header_forward import header_forward
 from tritium.core.response_cache import ResponseCache
 from tritium.core.restrictions import ApiGroup, by_group
@@ -139,7 +141,7 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         create_ensemble=create_ensemble, load_concurrency=config.model_load_thread_count,
         load_retries=config.model_load_retry_count, response_cache=cache,
         config_name=config.model_config_name, namespacing=config.model_namespacing,
-        rate_limiter=_rate_limiter(config),
+        rate_limiter=_rate_limiter(config), instrument=_latency_metrics(config),
     )
     service = InferenceService(manager, loop, extensions(EXTENSIONS, shared_memory),
                                config.server_id, config.strict_readiness,
@@ -151,6 +153,26 @@ def _build_core(config: ServerConfig, loop: asyncio.AbstractEventLoop,
         "log_error": config.log.error, "log_verbose_level": max(config.log_verbose, 0),
         "log_format": config.log.format})
     return service, manager
+
+
+def _latency_metrics(config: ServerConfig) -> Callable[[Any], None] | None:
+    """What each model version gets for --metrics-config's latency summaries and first
+    response histogram, before it serves; a model asks nothing per request of either
+    while it is off."""
+    latency = config.features.metrics.latency
+    if not config.allow_metrics:
+        return None
+
+    def instrument(model: Any) -> None:
+        if latency.summaries:
+            summaries.arm(model.statistics(), latency.quantiles,
+                          cached=getattr(model, "cache", None) is not None)
+        # Read whether or not the histogram is on: Triton warns of a family it cannot tune.
+        buckets = configured_buckets(model.config, model.name)
+        if latency.histograms and hasattr(model, "first_response"):
+            model.first_response = FirstResponseHistogram(buckets)
+
+    return instrument
 
 
 def _rate_limiter(config: ServerConfig) -> RateLimiter | None:
@@ -251,7 +273,8 @@ async def _start_metrics(config: ServerConfig, manager: ModelManager) -> Metrics
     # Families that models create with pb_utils.MetricFamily appear next to Triton's.
     options = MetricsOptions(
         interval_s=config.metrics_interval_ms / 1000, cpu=config.allow_cpu_metrics,
-        live_restriction=by_group(config.http_restricted_apis).get(ApiGroup.LIVE))
+        live_restriction=by_group(config.http_restricted_apis).get(ApiGroup.LIVE),
+        latency=config.features.metrics.latency)
     server = MetricsServer(manager.loaded_models, custom=MetricFamily.snapshots,
                            catalog=manager, options=options)
     await server.start(config.metrics_address, config.metrics_port, _http_limits(config))

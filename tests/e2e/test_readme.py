@@ -79,7 +79,8 @@ class Block:
         lines = self.text.strip().splitlines()
         if lines and all(re.match(r"(INFO|WARNING|ERROR) tritium\.", x) for x in lines):
             return "log"
-        if lines and lines[0].startswith(("parameters", "instance_group", "name:")):
+        if lines and lines[0].startswith(("parameters", "instance_group", "name:",
+                                          "model_metrics")):
             return "config"
         return None
 

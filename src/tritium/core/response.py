@@ -112,6 +112,7 @@ class ResponseStream:
         "error",
         "final_response",
         "on_done",
+        "on_first",
         "on_late_final",
     )
 
@@ -133,6 +134,9 @@ class ResponseStream:
         # Called on the loop when the model sends FINAL after a cancellation closed
         # the stream: the moment its work stopped.
         self.on_late_final: Callable[[], None] | None = None
+        # Called once, on the sender's thread, as the first response is delivered (the
+        # first response histogram); None unless the model's metrics ask for it.
+        self.on_first: Callable[[], None] | None = None
         # The last error the stream carried: the request failed if it is set.
         self.error: TritiumError | None = None
         # The response that closed the stream (what the response cache stores).
@@ -164,6 +168,10 @@ class ResponseStream:
     def _deliver(self, response: InferenceResponse) -> None:
         if self._served_by is not None:
             response.served_by = self._served_by
+        first = self.on_first
+        if first is not None:
+            self.on_first = None
+            first()
         if response.final:
             self.closed = True
             self.final_response = response

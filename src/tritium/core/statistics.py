@@ -5,8 +5,12 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tritium.core.llm_statistics import GenerationStatistics
+
+if TYPE_CHECKING:
+    from tritium.core.summaries import QuantileWindow
 
 
 @dataclass(slots=True)
@@ -71,16 +75,25 @@ class ModelStatistics:
     generation: GenerationStatistics = field(default_factory=GenerationStatistics)
     recent_cancellations: deque[CancelRecord] = field(
         default_factory=lambda: deque(maxlen=RECENT_CANCELLATIONS))
+    # compute_infer's summary window (``summaries.arm``); None: no summaries
+    compute_window: QuantileWindow | None = None
 
     def record_execution(self, batch_size: int, requests: int, compute_ns: int) -> None:
         """One execute() call over ``requests`` requests holding ``batch_size`` batch
         elements, its compute taking ``compute_ns``."""
         timing = self.batches.get(batch_size)
         if timing is None:
-            timing = self.batches[batch_size] = Duration()
+            timing = self.batches[batch_size] = self._new_timing()
         timing.count += 1
         timing.ns += compute_ns
         self.batch_requests[requests] += 1
+
+    def _new_timing(self) -> Duration:
+        # Once per batch size, so the summaries' window costs no check per request.
+        if self.compute_window is None:
+            return Duration()
+        from tritium.core.summaries import ObservedDuration
+        return ObservedDuration(self.compute_window)
 
     @property
     def compute_infer(self) -> Duration:

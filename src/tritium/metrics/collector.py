@@ -16,7 +16,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tritium.core.statistics import STOP_BUCKETS_MS, ModelStatistics
-from tritium.metrics import generation
+from tritium.feature_config import LatencyMetrics
+from tritium.metrics import generation, latency
 from tritium.metrics.labels import label_names, label_values, model_labels
 
 log = logging.getLogger("tritium.metrics")
@@ -76,8 +77,10 @@ RESTARTS = "tritium_model_instance_restarts"
 BUILTIN_NAMES = frozenset(
     [name for name, _, _ in COUNTERS + CACHE_COUNTERS]
     + [FAILURES, PENDING, LOAD_TIME, CANCELLATIONS, STOP_DELAY, RESTARTS]
-    + list(generation.NAMES)
+    + list(generation.NAMES) + list(latency.NAMES)
 )
+# Left out with counter_latencies=false, as Triton leaves them out (the cache's counts too).
+LATENCY_COUNTERS = frozenset(name for name, _, _ in COUNTERS if name.endswith("_duration_us"))
 
 
 def _counter(name: str, text: str) -> Metric:
@@ -203,19 +206,31 @@ def _family_lines(family: FamilyView) -> Iterator[str]:
 
 
 class TritonCollector(Collector):
-    """Triton's families for every loaded model version."""
+    """Triton's families for every loaded model version; ``latency`` says which of its
+    latency families (--metrics-config)."""
 
-    def __init__(self, models: Callable[[], Iterable[ModelView]]):
+    def __init__(self, models: Callable[[], Iterable[ModelView]],
+                 latency: LatencyMetrics | None = None):
         self._models = models
+        self._latency = latency or LatencyMetrics()
 
     def collect(self) -> Iterator[Metric]:
         models = [(m, m.statistics(), model_labels(m)) for m in self._models()]
+        counters = self._latency.counters
         for name, text, read in COUNTERS:
+            if not counters and name in LATENCY_COUNTERS:
+                continue
             family = _counter(name, text)
             for _, stats, labels in models:
                 family.add_sample(name, labels, read(stats))
             yield family
-        yield from self._cache(models)
+        if counters:
+            yield from self._cache(models)
+        if self._latency.summaries:
+            quantiles = [q for q, _ in self._latency.quantiles]
+            yield from latency.summary_families(models, quantiles)
+        if self._latency.histograms:
+            yield from latency.first_response_family(models)
         yield self._failures(models)
         yield self._pending(models)
         yield self._load_time(models)

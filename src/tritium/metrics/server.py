@@ -9,12 +9,13 @@ import dataclasses
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tritium.core.restrictions import Restriction
+from tritium.feature_config import LatencyMetrics
 from tritium.frontends.http.exchange import HttpExchange
 from tritium.frontends.http.limits import HttpLimits
 from tritium.frontends.http.restricted import refusal
@@ -49,6 +50,7 @@ class MetricsOptions:
     cpu: bool = True  # --allow-cpu-metrics
     # --http-restricted-api live:KEY=VALUE: the page and its state need the header.
     live_restriction: Restriction | None = None
+    latency: LatencyMetrics = field(default_factory=LatencyMetrics)  # --metrics-config
 
 
 def render(registry: CollectorRegistry, custom: CustomCollector | None = None) -> bytes:
@@ -77,7 +79,7 @@ class MetricsServer:
                  catalog: live.Catalog | None = None, options: MetricsOptions | None = None):
         options = options or MetricsOptions()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(TritonCollector(models))
+        self.registry.register(TritonCollector(models, options.latency))
         self._models = models
         self._custom = CustomCollector(custom) if custom is not None else None
         self._host = HostSampler() if options.cpu else None

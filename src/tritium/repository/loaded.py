@@ -7,12 +7,14 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tritium.core.cancellation import CancelReason
 from tritium.core.config_pb import model_config_pb2
 from tritium.core.errors import TritiumError
+from tritium.core.first_response import FirstResponseHistogram
 from tritium.core.inflight import InFlight
 from tritium.core.request import AdmittedRequest
 from tritium.core.response import ServedBy
@@ -67,6 +69,8 @@ class LoadedModel:
         self.cache = cache_for(config, response_cache, version, self.scheduler.stats)
         self.load_seconds = 0.0
         self.namespace = ""  # its repository, under --model-namespacing (a metrics label)
+        # --metrics-config histogram_latencies=true: arrival to first response
+        self.first_response: FirstResponseHistogram | None = None
         # Admitted requests whose final response has not been sent: what an unload waits
         # for. (The service's own set holds them too: a shutdown asks about every model.)
         self._admitted: InFlight[AdmittedRequest] = InFlight()
@@ -83,6 +87,9 @@ class LoadedModel:
         if cache is not None and self.scheduler.accepting and cache.answer(request):
             self._admitted.add(request)
             return
+        histogram = self.first_response
+        if histogram is not None:
+            request.stream.on_first = partial(histogram.observe_since, request.arrival_ns)
         try:
             self.scheduler.enqueue(request)
         except TritiumError:

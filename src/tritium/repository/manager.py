@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,7 @@ class ModelManager(DependencyRules):
         config_name: str | None = None,
         namespacing: bool = False,
         rate_limiter: RateLimiter | None = None,
+        instrument: Callable[[ServedVersion], None] | None = None,
     ):
         self.repositories = repositories
         self.loop = loop
@@ -158,6 +159,8 @@ class ModelManager(DependencyRules):
         # --model-namespacing: a name in several repositories -> the keys of its models.
         self.namespacing = namespacing
         self._ambiguous: dict[str, list[str]] = {}
+        # Called with each version built, before it serves (metrics that observe requests).
+        self.instrument = instrument
 
     def _scan(self) -> tuple[dict[str, Path], dict[str, str]]:
         """``find_models`` of the repositories; notes which names several of them share."""
@@ -425,12 +428,17 @@ class ModelManager(DependencyRules):
             await model.start(self.loop, self.instances)
 
     def _new_version(self, model_dir: Path, version: int, config: Any) -> ServedVersion:
+        model: ServedVersion
         if not is_ensemble(config):
-            return LoadedModel(model_dir, version, config, self.response_cache,
-                               self.rate_limiter)
-        if self.create_ensemble is None:
+            model = LoadedModel(model_dir, version, config, self.response_cache,
+                                self.rate_limiter)
+        elif self.create_ensemble is None:
             raise TritiumError(ErrorCode.UNSUPPORTED, "ensembles are not available here")
-        return self.create_ensemble(EnsemblePlan.from_config(config), config, version)
+        else:
+            model = self.create_ensemble(EnsemblePlan.from_config(config), config, version)
+        if self.instrument is not None:
+            self.instrument(model)
+        return model
 
     def _swap(self, entry: ModelEntry, model_dir: Path, models: dict[int, ServedVersion],
               failures: dict[int, str], holder: OverrideDir | None) -> None:
