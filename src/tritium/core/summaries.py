@@ -26,9 +26,6 @@ MAX_AGE_S = 60.0
 AGE_BUCKETS = 5
 EXACT_LIMIT = 512  # values an age bucket keeps one by one before it counts them by bucket
 MIN_RELATIVE_ERROR = 1e-4  # a finer sketch would cost memory for no visible difference
-# Triton's default quantiles and the error each is asked with.
-DEFAULT_QUANTILES: tuple[tuple[float, float], ...] = (
-    (0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 # The stages a summary is kept for, named as ModelStatistics names their durations.
 STAGES = ("success", "queue", "compute_infer", "cache_hit", "cache_miss")
 
