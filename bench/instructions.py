@@ -10,6 +10,7 @@ of the server is counted (the event loop and the instance threads); the kernel's
 
     python bench/instructions.py [--requests 1000] [--protocols http grpc] [--tree PATH ...]
                                  [--trace triton|opentelemetry] [--kind thread|process]
+                                 [--server-flag=--flag=value ...]
 
 ``--kind process`` serves python models in instance processes and counts every process of
 the server (valgrind follows the guardians and instance processes it starts): the server,
@@ -181,13 +182,19 @@ def main() -> None:
                         help="trace every request in this mode")
     parser.add_argument("--kind", choices=["thread", "process"], default="thread",
                         help="the python instance kind (process: every process counted)")
+    parser.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
+                        help="one more flag for the server, as --server-flag=--flag=value "
+                             "(repeatable)")
     args = parser.parse_args()
     traced = f", traced: {args.trace}" if args.trace else ""
+    flags = tuple(args.server_flag)
+    served = f", {' '.join(flags)}" if flags else ""
     for protocol in args.protocols:
         for tree in [ROOT, *args.tree]:
-            count = measure(tree.resolve(), protocol, args.requests, args.trace, args.kind)
+            count = measure(tree.resolve(), protocol, args.requests, args.trace, args.kind,
+                            flags)
             print(f"{protocol:4s}  {count:9,d} instructions/infer  ({args.kind} kind, "
-                  f"{tree}{traced})",
+                  f"{tree}{traced}{served})",
                   flush=True)
 
 
