@@ -26,7 +26,7 @@ log = logging.getLogger("tritium.grpc")
 # are refused. A one-step GOAWAY refuses the crossing streams, and a proxy (nginx) cannot
 # send an already-sent gRPC call elsewhere: its client gets an error.
 _ALL_STREAMS = (1 << 31) - 1
-LEAVING_PING = b"leaving!"  # the payload of the PING between the two GOAWAYs (8 bytes)
+_LEAVING_PING = b"leaving!"  # the payload of the PING between the two GOAWAYs (8 bytes)
 _PING_ANSWER_S = 2.0
 
 
@@ -130,7 +130,7 @@ class ConnectionLife:
             return
         self._leaving_since = self._loop.time()
         self.outbox.out.append(goaway(_ALL_STREAMS, H2Error.NO_ERROR))
-        self.outbox.out.append(frame(FrameType.PING, 0, 0, LEAVING_PING))
+        self.outbox.out.append(frame(FrameType.PING, 0, 0, _LEAVING_PING))
         self.flush_soon()
 
     @property
@@ -147,7 +147,7 @@ class ConnectionLife:
     def ping_answered(self, payload: bytes) -> None:
         """The peer acknowledged a PING of ours: the one after the first GOAWAY means it has
         read that GOAWAY and opens nothing more."""
-        if payload == LEAVING_PING and self._leaving_since is not None:
+        if payload == _LEAVING_PING and self._leaving_since is not None:
             self._final_goaway()
 
     def _final_goaway(self) -> None:

@@ -159,8 +159,8 @@ class GrpcServer:
     def ask_clients_to_leave(self) -> None:
         """A graceful GOAWAY on every connection: calls in flight finish, and clients open
         their next call on a new connection (through their load balancer, elsewhere). New
-        connections are still served, and asked to leave as soon as they are open: a proxy
-        that has not noticed yet (nginx checks nothing) keeps no connection here."""
+        connections are still served, and asked to leave once their first call has begun:
+        a proxy that has not noticed yet (nginx checks nothing) keeps no connection here."""
         self._endpoint.leaving = True
         for shell in list(self._endpoint.connections):
             conn = shell.conn
@@ -188,7 +188,7 @@ class GrpcServer:
             try:
                 while True:
                     accepted.append(taking.accept()[0])
-            except OSError:  # BlockingIOError: the queue is empty
+            except OSError:  # BlockingIOError: the queue is empty (any other: stop taking)
                 pass
             finally:
                 taking.close()
