@@ -24,6 +24,7 @@ from tests.deploy_files import (
     the,
 )
 from tritium.config import ServerConfig
+from tritium.frontends.grpc.server import LEAVE_WAIT_S
 from tritium.metrics.collector import COUNTERS
 
 # Past the drain: finalize(), the last answers written, tini reaping, before SIGKILL.
@@ -135,14 +136,16 @@ def test_selectors_match_the_pods() -> None:
 def test_the_grace_period_covers_lame_duck_and_drain() -> None:
     config = server_config(_deployment_container()["args"])
     grace = the("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace >= config.lame_duck_secs + config.exit_timeout_secs + GRACE_MARGIN_S
+    assert grace >= (config.lame_duck_secs + LEAVE_WAIT_S + config.exit_timeout_secs
+                     + GRACE_MARGIN_S)
 
 
 def test_each_inference_service_waits_for_the_drain() -> None:
     config = server_config(_runtime_container()["args"])
     for service in all_of("InferenceService"):
         grace = service["spec"]["predictor"]["terminationGracePeriodSeconds"]
-        assert grace >= config.lame_duck_secs + config.exit_timeout_secs + GRACE_MARGIN_S
+        assert grace >= (config.lame_duck_secs + LEAVE_WAIT_S + config.exit_timeout_secs
+                     + GRACE_MARGIN_S)
 
 
 def test_readiness_notices_the_lame_duck_in_time() -> None:

@@ -33,7 +33,7 @@ _SWEEP_S = 1.0
 _LINGER_S = 2.0
 # How long the end of a lame duck waits for its connections' final GOAWAYs (a peer that does
 # not answer the PING gets its final GOAWAY within _PING_ANSWER_S and a sweep).
-_LEAVE_WAIT_S = 4.0
+LEAVE_WAIT_S = 4.0
 
 
 class GrpcEndpoint:
@@ -174,7 +174,7 @@ class GrpcServer:
     async def stop_listening(self) -> None:
         """Take no more connections, lose none the kernel has already taken, and return
         once no open connection's peer may still open a stream expecting it served (every
-        one has had its final GOAWAY), or after _LEAVE_WAIT_S. From then on a proxy that
+        one has had its final GOAWAY), or after LEAVE_WAIT_S. From then on a proxy that
         sends here gets a refused connection, which it retries on another server.
 
         Closing a listening socket resets the connections in its accept queue, whose first
@@ -198,7 +198,7 @@ class GrpcServer:
             await loop.connect_accepted_socket(self._factory, sock)
         self.ask_clients_to_leave()
         endpoint = self._endpoint
-        deadline = loop.time() + _LEAVE_WAIT_S
+        deadline = loop.time() + LEAVE_WAIT_S
         while any(shell.conn is not None and shell.conn.may_open_streams
                   for shell in endpoint.connections):
             endpoint.settled.clear()  # set when a connection has its final GOAWAY, or ends
