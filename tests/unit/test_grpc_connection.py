@@ -177,6 +177,18 @@ class Peer:
                 at = end
         self._seen = len(self.output.writes)
 
+    async def flushed(self) -> None:
+        """What the connection flushes soon (a GOAWAY and its PING), read by the client."""
+        await asyncio.sleep(0)
+        self.collect()
+
+    async def let_go(self) -> None:
+        """Answer the PING after the first GOAWAY, as a client that read both does: the
+        final GOAWAY is then in ``goaways()``."""
+        await self.flushed()
+        self.answer_ping()
+        await self.flushed()
+
     def answer_ping(self) -> None:
         """Acknowledge the PING that followed the server's first GOAWAY, as a client that
         read both does."""
@@ -495,15 +507,12 @@ def test_go_away_with_no_calls_closes_once_the_ping_is_answered() -> None:
         peer = Peer(Service())
         peer.pump()
         peer.conn.go_away()
-        await asyncio.sleep(0)  # flushed soon
-        peer.collect()
+        await peer.flushed()
         # First every stream id there is, then a PING; the final GOAWAY when it comes back.
         assert peer.terminated is not None and peer.terminated.error_code == H2Error.NO_ERROR
         assert peer.terminated.last_stream_id == (1 << 31) - 1
         assert not peer.output.closed
-        peer.answer_ping()
-        await asyncio.sleep(0)
-        peer.collect()
+        await peer.let_go()
         assert peer.goaways() == [(0, H2Error.NO_ERROR)]
         assert peer.output.closed
     run(body())
@@ -522,11 +531,7 @@ def test_a_stream_crossing_the_first_goaway_is_served() -> None:
         peer.conn.receive(frame(FrameType.HEADERS, END_HEADERS, 1, block))
         call = await service.next_call()
         assert call.stream_id == 1 and call.cancellation.reason is None
-        await asyncio.sleep(0)
-        peer.collect()
-        peer.answer_ping()
-        await asyncio.sleep(0)
-        peer.collect()
+        await peer.let_go()
         assert peer.goaways() == [(1, H2Error.NO_ERROR)]
         assert not peer.output.closed  # its call is still running
         peer.conn.lost()
@@ -540,12 +545,10 @@ def test_a_peer_that_never_answers_the_ping_gets_the_final_goaway_in_time() -> N
         peer.pump()
         peer.conn.go_away()
         peer.conn.check_timeouts(peer.conn.now() + 1.0)
-        await asyncio.sleep(0)
-        peer.collect()
+        await peer.flushed()
         assert peer.goaways() == [] and not peer.output.closed
         peer.conn.check_timeouts(peer.conn.now() + 10.0)
-        await asyncio.sleep(0)
-        peer.collect()
+        await peer.flushed()
         assert peer.goaways() == [(0, H2Error.NO_ERROR)]
         assert peer.output.closed
     run(body())
@@ -558,9 +561,7 @@ def test_go_away_refuses_new_streams_and_keeps_the_old() -> None:
         stream_id = peer.start("/t.S/Stream", end=False)
         call = await service.next_call()
         peer.conn.go_away()
-        await asyncio.sleep(0)
-        peer.collect()
-        peer.answer_ping()
+        await peer.let_go()
         assert not peer.output.closed
         # h2 sends nothing after a GOAWAY: the late stream is raw bytes.
         block = hpack.Encoder().encode([(":method", "POST"), (":path", "/t.S/Echo"),
@@ -777,12 +778,8 @@ def test_go_away_lets_calls_finish_then_closes() -> None:
         stream_id = peer.start("/t.S/Stream", end=False)
         call = await service.next_call()
         peer.conn.go_away()
-        await asyncio.sleep(0)
-        peer.collect()
+        await peer.let_go()
         assert peer.terminated is not None and peer.terminated.error_code == H2Error.NO_ERROR
-        peer.answer_ping()
-        await asyncio.sleep(0)
-        peer.collect()
         assert peer.goaways() == [(stream_id, H2Error.NO_ERROR)]
         assert not peer.output.closed
         writes = len(peer.output.writes)
