@@ -4,7 +4,6 @@ families models register themselves (pb_utils.MetricFamily), written from their 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -18,7 +17,7 @@ from prometheus_client.registry import Collector
 from tritium.core.statistics import STOP_BUCKETS_MS, ModelStatistics
 from tritium.feature_config import LatencyMetrics
 from tritium.metrics import generation, latency
-from tritium.metrics.labels import label_names, label_values, model_labels
+from tritium.metrics.labels import format_value, label_names, label_values, model_labels
 
 log = logging.getLogger("tritium.metrics")
 
@@ -165,15 +164,6 @@ class CustomCollector:
             self._warned.add(name)
             log.warning("metric family %r of a model is not exposed: the server uses that name",
                         name)
-
-
-def format_value(value: float) -> str:
-    """A double as prometheus-cpp writes it (an ostream at precision 16)."""
-    if math.isnan(value):
-        return "Nan"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return f"{value:.16g}"
 
 
 def _escape(text: str, quote: bool) -> str:

@@ -1,7 +1,9 @@
-"""The labels of a model version's series, shared by the collector's families."""
+"""The labels of a model version's series, shared by the collector's families, and how a
+number is written in a label (a bucket's ``le``, a quantile) or as a value."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,3 +27,12 @@ def label_names(models: Sequence[tuple[Any, ...]]) -> tuple[str, ...]:
 
 def label_values(labels: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(labels.get(name, "") for name in names)
+
+
+def format_value(value: float) -> str:
+    """A double as prometheus-cpp writes it (an ostream at precision 16)."""
+    if math.isnan(value):
+        return "Nan"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return f"{value:.16g}"

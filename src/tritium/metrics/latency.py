@@ -13,7 +13,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from tritium.core.first_response import FAMILY as FIRST_RESPONSE
 from tritium.core.statistics import Duration, ModelStatistics
 from tritium.core.summaries import window_of
-from tritium.metrics.labels import label_names, label_values
+from tritium.metrics.labels import format_value, label_names, label_values
 
 # (name, help, the statistics' stage its quantiles come from, how to read its totals).
 # Input and output handling run inside execute() and count as 0 us per execution, so
@@ -52,7 +52,7 @@ def summary_families(models: Sequence[tuple[Any, ModelStatistics, dict[str, str]
                      quantiles: Sequence[float]) -> Iterator[Metric]:
     """One family per summary that some model keeps; a model's series in it where its
     statistics observe that stage."""
-    names = [f"{q:.16g}" for q in quantiles]  # as prometheus-cpp prints a double
+    names = [format_value(q) for q in quantiles]
     for name, text, stage, read in SUMMARIES:
         family = Metric(name, text, "summary")
         for _, stats, labels in models:
@@ -83,7 +83,7 @@ def first_response_family(models: Sequence[tuple[Any, ModelStatistics, dict[str,
         labels=(names := label_names(models)))
     for histogram, labels in kept:
         cumulative, total = histogram.snapshot()
-        bounds = [f"{bound:.16g}" for bound in histogram.bounds] + ["+Inf"]
+        bounds = [format_value(bound) for bound in histogram.bounds] + ["+Inf"]
         family.add_metric(label_values(labels, names), list(zip(bounds, cumulative,
                                                                 strict=True)), total)
     if kept:
