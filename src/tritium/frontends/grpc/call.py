@@ -11,16 +11,12 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 
 from tritium.core.cancellation import Cancellation, CancelReason
-from tritium.frontends.grpc.call_state import MOVES, CallEvent, CallState, next_state
+from tritium.frontends.grpc.call_state import CLOSED, MOVES, OPEN, CallEvent, CallState, next_state
 from tritium.frontends.grpc.flood import FloodLimits
 from tritium.frontends.grpc.messages import Message, MessageReader
 from tritium.frontends.grpc.status import GrpcStatus
 from tritium.frontends.grpc.windows import RecvWindow, SendWindow
 from tritium.frontends.grpc.wire import length_prefixed
-
-# Enum members read on every request, as module globals (core/types.py says why).
-_OPEN = CallState.OPEN
-_CLOSED = CallState.CLOSED
 
 if TYPE_CHECKING:
     from tritium.frontends.grpc.connection import GrpcConnection
@@ -127,7 +123,7 @@ class Call:
         self.headers = headers  # the request's header fields, names in lower case
         # Owned by the call: the transport cancels it with the reason the call ended early.
         self.cancellation = cancellation
-        self.state = _OPEN
+        self.state = OPEN
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.deadline: float | None = None
@@ -159,7 +155,7 @@ class Call:
     async def drain(self) -> None:
         """Wait while the peer or the socket is not taking this call's bytes."""
         conn = self.conn
-        while self.state is not _CLOSED and (self.pending or conn.write_paused):
+        while self.state is not CLOSED and (self.pending or conn.write_paused):
             await conn.wait_writable()
 
     async def requests(self) -> AsyncIterator[Any]:
@@ -168,7 +164,7 @@ class Call:
         while True:
             if self.messages:
                 yield await self.conn.take_message(self)
-            elif self.state is not _OPEN:
+            elif self.state is not OPEN:
                 return
             else:
                 self.waiter = asyncio.get_running_loop().create_future()

@@ -19,6 +19,11 @@ class CallState(enum.IntEnum):
     CLOSED = 4  # nothing more is sent or received for it
 
 
+# The states the per-request paths compare with, as module globals for those paths to import
+# (core/types.py says why an enum member is not read there).
+OPEN, HALF_CLOSED, CLOSED = CallState.OPEN, CallState.HALF_CLOSED, CallState.CLOSED
+
+
 class CallEvent(enum.IntEnum):
     END_STREAM = 0  # the client half-closed
     END = 1  # this side decided the outcome

@@ -24,7 +24,9 @@ from tritium.frontends.grpc.call import CALL_BROKEN, Call, GrpcLimits, Router
 from tritium.frontends.grpc.call_state import (
     BY_EVENT,
     CLIENT_DONE,
+    CLOSED,
     DECIDED,
+    HALF_CLOSED,
     CallEvent,
     CallState,
     IllegalMove,
@@ -55,10 +57,6 @@ from tritium.frontends.grpc.wire import (
     parse_timeout,
     trailers_block,
 )
-
-# Enum members read on every request, as module globals (core/types.py says why).
-_HALF_CLOSED = CallState.HALF_CLOSED
-_CLOSED = CallState.CLOSED
 
 # A client's own deadline resets the stream a little before this side's copy of it runs out
 # (that one started counting only when the headers arrived).
@@ -179,7 +177,7 @@ class GrpcConnection(ConnectionLife):
         its OK end. The usual reply (the request is whole, nothing was sent yet, the message
         fits one frame and the windows) goes out and closes the call in one step, with the
         frames and bookkeeping of ``outbox.data`` and ``finish`` (a unit test runs both)."""
-        if call.state is not _HALF_CLOSED or \
+        if call.state is not HALF_CLOSED or \
                 not self.outbox.whole_reply(call, pieces, size):
             self.outbox.data(call, message_of(pieces, size))
             self.flood.data_sent()
@@ -236,7 +234,7 @@ class GrpcConnection(ConnectionLife):
                 call.wake()
             self.outbox.trailers(call, trailers)  # FLUSHED follows once the queue is out
             return
-        if state is not _CLOSED:
+        if state is not CLOSED:
             return
         if event is CallEvent.FLUSHED and before not in CLIENT_DONE and not self.closed:
             # RFC 9113 §8.1: a complete response may be followed by RST_STREAM(NO_ERROR) so
@@ -271,7 +269,7 @@ class GrpcConnection(ConnectionLife):
         except IllegalMove:
             self.stream_error(call, H2Error.STREAM_CLOSED)
             return
-        if call.state is _HALF_CLOSED:
+        if call.state is HALF_CLOSED:
             if call.rpc.unary is not None:
                 serving.dispatch_unary(self, call)
             else:

@@ -14,7 +14,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from tritium.frontends.grpc.call import NO_READER, Call
-from tritium.frontends.grpc.call_state import CLIENT_DONE, DECIDED, CallState
+from tritium.frontends.grpc.call_state import CLIENT_DONE, CLOSED, DECIDED, OPEN
 from tritium.frontends.grpc.http2 import (
     DEFAULT_WINDOW,
     END_STREAM,
@@ -26,10 +26,6 @@ from tritium.frontends.grpc.http2 import (
 )
 from tritium.frontends.grpc.messages import Message, MessageReader, MessageTooLarge
 from tritium.frontends.grpc.windows import ByteBudget, RecvWindow
-
-# Enum members read on every request, as module globals (core/types.py says why).
-_OPEN = CallState.OPEN
-_CLOSED = CallState.CLOSED
 
 if TYPE_CHECKING:
     from tritium.frontends.grpc.connection import GrpcConnection
@@ -98,7 +94,7 @@ class Inbound:
             return
         call_window.available -= size
         # The usual unary request (``call.held``: no message and no part of one is held).
-        if flags == END_STREAM and state is _OPEN and not call.held and size >= 5 \
+        if flags == END_STREAM and state is OPEN and not call.held and size >= 5 \
                 and call.rpc.unary is not None:
             flag, length = _MESSAGE_PREFIX.unpack_from(payload)
             if not flag and length == size - 5 <= self.message_limit:  # the reader's limit
@@ -123,7 +119,7 @@ class Inbound:
             self._return_stream_credit(call)
         if self.window.available <= self._size // 2:  # held bytes count; more may come
             self._grant()
-        if ended and call.state is not _CLOSED:
+        if ended and call.state is not CLOSED:
             conn.remote_closed(call)
 
     def _whole_request(self, call: Call, payload: memoryview, size: int) -> None:
@@ -173,7 +169,7 @@ class Inbound:
         size = len(message.body) + 5
         call.held -= size
         self._consume(size)
-        if call.withheld and call.state is _OPEN:  # else there is none to return
+        if call.withheld and call.state is OPEN:  # else there is none to return
             self._return_stream_credit(call)
         if not self._conn.reading:  # flush_soon, inlined
             self._conn.flush()
@@ -189,7 +185,7 @@ class Inbound:
             call.reader.clear()  # its task may live on a while; the bytes need not
 
     def _return_stream_credit(self, call: Call) -> None:
-        if not call.withheld or call.state is not _OPEN:
+        if not call.withheld or call.state is not OPEN:
             return
         if call.messages:
             # A whole message waits for its handler (or, for a unary call, for END_STREAM,
