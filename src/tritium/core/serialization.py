@@ -9,10 +9,7 @@ from typing import Any
 import numpy as np
 
 from tritium.core.errors import ErrorCode, TritiumError, invalid
-from tritium.core.types import DataType, Tensor
-
-# Enum members read on every request, as module globals (core/types.py says why).
-_BYTES = DataType.BYTES
+from tritium.core.types import BYTES, DataType, Tensor
 
 Buffer = bytes | bytearray | memoryview
 
@@ -134,7 +131,7 @@ def array_from_binary(
     The caller has checked a fixed-size type's byte count (each frontend words that error
     its own way); BYTES are checked here, ``what`` and ``prefix`` as for split_length_prefixed.
     """
-    if datatype is _BYTES:
+    if datatype is BYTES:
         return bytes_from_binary(data, count, what, prefix)
     return np.frombuffer(data, dtype=datatype.numpy)
 
@@ -150,7 +147,7 @@ def bytes_array(elements: Sequence[bytes]) -> np.ndarray:
 def tensor_bytes(tensor: Tensor) -> bytes | memoryview:
     """The tensor in the binary layout: raw little-endian values, or length-prefixed BYTES."""
     datatype = tensor.datatype
-    if datatype is _BYTES:
+    if datatype is BYTES:
         return serialize_bytes(tensor.data)
     array = tensor.data
     if array.dtype != datatype.numpy:  # the usual array is already right: no call for it

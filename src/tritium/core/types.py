@@ -16,7 +16,8 @@ _BY_WIRE: dict[str, DataType] = {}  # filled once the members exist, below
 # On Python 3.11 reading an enum member off its class (``DataType.BYTES``) goes through
 # EnumType's Python-level ``__getattr__``: ~75 ns, some ten times a module global's read. Code
 # that runs for every request reads the members it needs through module globals instead
-# (``_BYTES = DataType.BYTES``); so do the frontends for their own enums.
+# (``BYTES`` and ``BF16`` below, imported where they are compared); so do the frontends for
+# their own enums.
 class DataType(enum.Enum):
     """A Triton tensor data type: wire name, config name, numpy dtype, size, C enum."""
 
@@ -75,6 +76,9 @@ _BY_WIRE.update((t.wire, t) for t in DataType)
 _BY_CONFIG = {t.config: t for t in DataType}
 _BY_CODE = {t.code: t for t in DataType}
 _BY_NUMPY = {t.numpy: t for t in DataType if t is not DataType.BF16}
+
+
+BYTES, BF16 = DataType.BYTES, DataType.BF16  # the members per-request code compares with
 
 
 class Tensor(msgspec.Struct):

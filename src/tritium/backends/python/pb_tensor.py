@@ -11,7 +11,7 @@ import numpy as np
 from tritium.backends.python import arguments, dlpack
 from tritium.backends.python.errors import TritonModelException
 from tritium.core import messages
-from tritium.core.types import DataType
+from tritium.core.types import BF16, DataType
 from tritium.core.types import Tensor as CoreTensor
 
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
@@ -37,7 +37,6 @@ _CODE_TO_NUMPY: dict[int, Any] = {
     if t is not DataType.BF16
 }
 _CPU_DEVICE = (1, 0)  # kDLCPU, device 0
-_BF16 = DataType.BF16  # read per tensor, as a module global (core/types.py says why)
 # The numpy dtypes that map straight to a Triton type (not BYTES, not BF16).
 _NUMERIC: dict[np.dtype, DataType] = {
     t.numpy: t for t in DataType if t not in (DataType.BYTES, DataType.BF16)
@@ -74,7 +73,7 @@ class Tensor:
         return self._core.name
 
     def as_numpy(self) -> np.ndarray:
-        if self._core.datatype is _BF16:
+        if self._core.datatype is BF16:
             # As Triton: numpy has no bfloat16 of its own, models take BF16 through DLPack.
             raise TritonModelException(messages.PB_BF16_AS_NUMPY)
         data = self._core.data
@@ -91,7 +90,7 @@ class Tensor:
 
     def to_dlpack(self) -> Any:
         source = self._dlpack_source()
-        if self._core.datatype is _BF16:
+        if self._core.datatype is BF16:
             return dlpack.export_bf16(source)
         return source.__dlpack__()
 

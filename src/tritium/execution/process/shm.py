@@ -31,7 +31,7 @@ import numpy as np
 
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.serialization import bytes_from_binary, serialize_bytes
-from tritium.core.types import DataType
+from tritium.core.types import BYTES, DataType
 from tritium.core.types import Tensor as CoreTensor
 from tritium.execution.process.codec import MAX_FRAME, FrameError
 from tritium.execution.process.messages import EMPTY, Packed, TensorDesc
@@ -233,7 +233,7 @@ class ArenaWriter:
         for tensor in tensors:
             datatype = tensor.datatype
             data: bytes | memoryview
-            if datatype is _BYTES:
+            if datatype is BYTES:
                 data = serialize_bytes(tensor.data)
                 nbytes = len(data)
             else:
@@ -329,7 +329,7 @@ def _inline(desc: TensorDesc) -> CoreTensor:
     """A tensor that came inside its message: an array viewing the frame's bytes."""
     data = desc.data
     datatype = _BY_CODE.get(desc.datatype)
-    if data is None or datatype is None or datatype is _BYTES:
+    if data is None or datatype is None or datatype is BYTES:
         if data is None:
             raise FrameError(f"tensor '{desc.name}' is neither in a block nor inline")
         return _tensor(np.frombuffer(data, dtype=np.uint8), desc)  # checked on the way
@@ -351,7 +351,7 @@ def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
     count = math.prod(shape)
     if datatype is None or at + nbytes > len(flat):
         raise FrameError(f"tensor '{name}' does not fit its block")
-    if datatype is _BYTES:
+    if datatype is BYTES:
         if count * 4 > nbytes:  # each element has a 4-byte length
             raise FrameError(f"tensor '{name}' does not fit its block")
         try:
@@ -369,4 +369,3 @@ def _tensor(flat: np.ndarray, desc: TensorDesc) -> CoreTensor:
 
 
 _BY_CODE = {datatype.code: datatype for datatype in DataType}
-_BYTES = DataType.BYTES

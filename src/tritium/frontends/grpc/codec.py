@@ -33,12 +33,10 @@ from tritium.core.serialization import SLICE, array_from_binary, bytes_array, te
 from tritium.core.service import ModelStatisticsEntry
 from tritium.core.shared_memory import SharedMemoryRegistry, Slice
 from tritium.core.statistics import Duration, ModelStatistics
-from tritium.core.types import DataType, Tensor
+from tritium.core.types import BYTES, DataType, Tensor
 from tritium.core.validation import check_input, element_count
 from tritium.frontends.grpc import shared_memory as shm
 
-# Enum members read on every request, as module globals (core/types.py says why).
-_BYTES = DataType.BYTES
 _from_wire = DataType.from_wire
 
 FINAL_KEY = "triton_final_response"
@@ -194,7 +192,7 @@ def _decode_inputs(
             pending.append((name, datatype, shape, count, None, values))
             inputs[name] = _UNDECODED  # holds the input's place in the order
             continue
-        if datatype is not _BYTES and len(data) == count * datatype.itemsize:
+        if datatype is not BYTES and len(data) == count * datatype.itemsize:
             inputs[name] = Tensor(name, datatype, shape,
                                   np.frombuffer(data, dtype=datatype.numpy).reshape(shape))
         else:
@@ -259,7 +257,7 @@ def _tensor_from_checked_raw(name: str, datatype: DataType, shape: tuple[int, ..
 def _check_raw_size(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
                     raw: Sized) -> None:
     expected = count * datatype.itemsize
-    if datatype is not _BYTES and len(raw) != expected:
+    if datatype is not BYTES and len(raw) != expected:
         raise invalid(
             f"input byte size mismatch for input '{name}': expected {expected} bytes "
             f"for shape {list(shape)}, got {len(raw)}"
@@ -322,7 +320,7 @@ def _tensor_from_values(name: str, datatype: DataType, shape: tuple[int, ...],
 
 
 def _typed_array(name: str, datatype: DataType, values: Sequence[Any]) -> np.ndarray:
-    if datatype is _BYTES:
+    if datatype is BYTES:
         return bytes_array(list(values))
     wide = np.array(values, dtype=_WIDE.get(datatype, datatype.numpy))
     if datatype not in _WIDE:

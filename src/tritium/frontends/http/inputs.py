@@ -15,13 +15,11 @@ from tritium.core.model import ModelHandle
 from tritium.core.request import InferenceRequest
 from tritium.core.serialization import array_from_binary
 from tritium.core.shared_memory import SharedMemoryRegistry
-from tritium.core.types import DataType, Tensor
+from tritium.core.types import BYTES, DataType, Tensor
 from tritium.core.validation import check_input, element_count
 from tritium.frontends.http import shared_memory as shm
 from tritium.frontends.http.tensor_data import InputLabel, array_from_json, flatten_json
 
-# Enum members read on every request, as module globals (core/types.py says why).
-_BYTES = DataType.BYTES
 _from_wire = DataType.from_wire
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -145,7 +143,7 @@ def _plan_input(
             chunk = _shared_memory_chunk(params, shared_memory, datatype, count,
                                          InputLabel(name, model_name, request_id))
         # The size is compared first: it is what the usual input is refused or passed on.
-        if len(chunk) != count * datatype.itemsize and datatype is not _BYTES:
+        if len(chunk) != count * datatype.itemsize and datatype is not BYTES:
             raise _binary_size_error(InputLabel(name, model_name, request_id), datatype, count,
                                      chunk)
         return (name, datatype, shape, count, chunk, None)
@@ -158,7 +156,7 @@ def decode_input(plan: PlannedInput, model_name: str, request_id: str) -> Tensor
     """The tensor of an input ``plan_inputs`` checked (sizes included)."""
     name, datatype, shape, count, chunk, data = plan
     if chunk is not None:
-        if datatype is _BYTES:
+        if datatype is BYTES:
             array = array_from_binary(chunk, datatype, count,
                                       f"for inference input '{name}' for model '{model_name}'",
                                       f"[request id: {request_id}] ")
@@ -209,7 +207,7 @@ def _shape(value: Any) -> tuple[int, ...]:
 
 
 def _check_binary_size(label: InputLabel, datatype: DataType, count: int, chunk: Body) -> None:
-    if datatype is not _BYTES and len(chunk) != count * datatype.itemsize:
+    if datatype is not BYTES and len(chunk) != count * datatype.itemsize:
         raise _binary_size_error(label, datatype, count, chunk)
 
 
@@ -218,7 +216,7 @@ def _shared_memory_chunk(params: dict[str, Any], shared_memory: SharedMemoryRegi
     """The input's bytes, copied out of the client's region (which may change, or shrink,
     under us), its size checked before anything is read."""
     region = shm.input_slice(params, shared_memory)
-    if datatype is not _BYTES and len(region) != count * datatype.itemsize:
+    if datatype is not BYTES and len(region) != count * datatype.itemsize:
         raise _binary_size_error(label, datatype, count, region)
     return region.read()
 
