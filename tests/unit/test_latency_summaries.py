@@ -10,6 +10,7 @@ import random
 import pytest
 from google.protobuf import text_format
 
+from tests.unit.clock import FakeClock
 from tritium.core.config_pb import model_config_pb2
 from tritium.core.first_response import (
     DEFAULT_BUCKETS_MS,
@@ -24,14 +25,6 @@ from tritium.core.summaries import (
     arm,
     window_of,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def nearest_rank(values: list[int], q: float) -> int:
@@ -73,7 +66,7 @@ def test_zero_values_are_counted_as_zero() -> None:
 
 
 def test_the_window_holds_the_last_minute_in_five_steps() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     window = QuantileWindow(0.01, clock=clock)
     window.observe(10)  # the first 12 s turn
     clock.now += 30

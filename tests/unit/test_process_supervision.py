@@ -22,6 +22,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from tests.unit.admitted import admit
+from tests.unit.clock import FakeClock
 from tritium.core.cancellation import CancelReason
 from tritium.core.errors import ErrorCode, TritiumError
 from tritium.core.request import AdmittedRequest, InferenceRequest
@@ -34,14 +35,6 @@ from tritium.execution.process.supervisor import (
     SupervisedInstance,
     kill_after_cancel_secs,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- restart schedule --------------------------------------------------------------------
